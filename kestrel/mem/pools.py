@@ -1,0 +1,109 @@
+"""Static memory pools: a paged MLA latent-KV pool and a KDA state-slot pool.
+
+Index 0 of each pool is a scratch page / slot that is never handed out: padded batches (CUDA graphs) read and
+write it harmlessly. Both pools expose the per-layer tensor views the model reads through `MemoryViews`.
+"""
+
+import torch
+
+from kestrel.models.config import K3Config
+from kestrel.ops.kda.reference import state_dtype_for
+
+
+class OutOfMemory(RuntimeError):
+    """A pool has too few free pages or slots; the scheduler retracts or evicts and tries again."""
+
+
+class FreeList:
+    """Integer ids 1..n-1 (0 is scratch) handed out lowest first, so runs are reproducible."""
+
+    def __init__(self, n: int):
+        self.capacity = n - 1
+        self._free = list(range(n - 1, 0, -1))
+        self._used: set[int] = set()
+
+    def alloc(self, count: int = 1) -> list[int]:
+        if count > len(self._free):
+            raise OutOfMemory(f"need {count}, {len(self._free)} free")
+        ids = [self._free.pop() for _ in range(count)]
+        self._used.update(ids)
+        return ids
+
+    def free(self, ids) -> None:
+        for i in ids:
+            assert i in self._used, f"double free or foreign id {i}"
+            self._used.remove(i)
+            self._free.append(i)
+        # keep the free list sorted so allocation order stays deterministic
+        self._free.sort(reverse=True)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def used(self) -> set[int]:
+        return self._used
+
+    def check(self, name: str) -> None:
+        assert len(self._free) == len(set(self._free)), f"{name}: duplicate free ids"
+        assert not (set(self._free) & self._used), f"{name}: id both free and used"
+        assert len(self._free) + len(self._used) == self.capacity, f"{name}: ids lost"
+
+
+class KVPool:
+    """Paged latent cache, one [num_pages, page_size, latent] tensor per MLA layer."""
+
+    def __init__(self, cfg: K3Config, num_pages: int, page_size: int, dtype, device):
+        assert page_size >= 1
+        self.page_size, self.num_pages = page_size, num_pages
+        self.pages = FreeList(num_pages)
+        self.buffers = {l: torch.zeros(num_pages, page_size, cfg.kv_latent_dim, dtype=dtype, device=device)
+                        for l in cfg.mla_layer_ids}
+
+    def bytes_per_page(self) -> int:
+        return sum(b[0].numel() * b.element_size() for b in self.buffers.values())
+
+
+class StatePool:
+    """KDA state slots: per KDA layer a conv tail [slots, W - 1, 3HK] and a recurrent state [slots, H, K, K]."""
+
+    def __init__(self, cfg: K3Config, num_slots: int, dtype, device):
+        self.num_slots = num_slots
+        self.slots = FreeList(num_slots)
+        H, K, W = cfg.linear_num_heads, cfg.linear_head_dim, cfg.short_conv_kernel_size
+        sdt = state_dtype_for(dtype)
+        self.conv = {l: torch.zeros(num_slots, W - 1, cfg.conv_dim, dtype=dtype, device=device) for l in cfg.kda_layer_ids}
+        self.ssm = {l: torch.zeros(num_slots, H, K, K, dtype=sdt, device=device) for l in cfg.kda_layer_ids}
+
+    def bytes_per_slot(self) -> int:
+        return sum(t[0].numel() * t.element_size() for d in (self.conv, self.ssm) for t in d.values())
+
+    def copy(self, src: int, dst: int) -> None:
+        """Copy one slot's whole state (all layers) on the current stream."""
+        for d in (self.conv, self.ssm):
+            for t in d.values():
+                t[dst].copy_(t[src])
+
+    def poison(self, slot: int) -> None:
+        """Fill a slot with NaN so that a forward which reads it without a restore fails loudly (tests)."""
+        for d in (self.conv, self.ssm):
+            for t in d.values():
+                t[slot].fill_(float("nan"))
+
+
+class Memory:
+    """The MemoryViews the model reads: per-layer views of both pools."""
+
+    def __init__(self, kv: KVPool, state: StatePool):
+        self.kv, self.state = kv, state
+        self.page_size = kv.page_size
+
+    def kv_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.kv.buffers[layer_id]
+
+    def conv_state(self, layer_id: int) -> torch.Tensor:
+        return self.state.conv[layer_id]
+
+    def ssm_state(self, layer_id: int) -> torch.Tensor:
+        return self.state.ssm[layer_id]

@@ -1,0 +1,85 @@
+"""The one per-batch metadata object every layer reads: mode, positions, page tables, state slots.
+
+Layers never read module globals: the model runner builds a ForwardBatch for each forward, and a layer finds its
+MLA cache pages and KDA state slots through `fb.mem` by its own layer id.
+"""
+
+import enum
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+class ForwardMode(enum.Enum):
+    # one or more new tokens per sequence (prefill, chunked prefill, mixed prefill + decode); state committed
+    EXTEND = "extend"
+    # exactly one new token per sequence; state committed
+    DECODE = "decode"
+    # speculative verify: several tokens per sequence; the KDA state is read, not written (ReplaySSM folds later)
+    VERIFY = "verify"
+
+
+class MemoryViews(Protocol):
+    """What the model needs from the memory pools: per-layer tensor views indexed by page / slot."""
+
+    page_size: int
+
+    def kv_buffer(self, layer_id: int) -> torch.Tensor:
+        """[num_pages, page_size, kv_lora_rank + qk_rope_head_dim] for MLA layer `layer_id`."""
+
+    def conv_state(self, layer_id: int) -> torch.Tensor:
+        """[num_slots, conv_width - 1, 3 * heads * head_dim] for KDA layer `layer_id`."""
+
+    def ssm_state(self, layer_id: int) -> torch.Tensor:
+        """[num_slots, heads, head_dim, head_dim] for KDA layer `layer_id`, in the state dtype."""
+
+
+@dataclass
+class ForwardBatch:
+    mode: ForwardMode
+    input_ids: torch.Tensor  # [T] all new tokens, sequences packed back to back
+    positions: torch.Tensor  # [T] absolute position of each new token
+    extend_lens: list[int]  # new tokens per sequence
+    prefix_lens: list[int]  # tokens already in the cache per sequence
+    # None: a stateless forward over whole sequences (the reference and training path)
+    mem: MemoryViews | None = None
+    page_table: torch.Tensor | None = None  # [B, max_pages] int32, page ids covering every position < seq_len
+    out_cache_loc: torch.Tensor | None = None  # [T] flat cache slot (page * page_size + offset) per new token
+    state_slots: torch.Tensor | None = None  # [B] working KDA state slot per sequence
+    # per sequence: (tokens of this extend after which to snapshot, destination slot) or None
+    track: list[tuple[int, int] | None] | None = None
+    # rows of the packed tokens to turn into logits; None = every token
+    logits_indices: torch.Tensor | None = None
+    # layers whose output hidden states the caller wants back (speculative drafting features)
+    capture_layers: tuple[int, ...] = ()
+    # filled during the forward for VERIFY mode: per KDA layer, the raw step inputs ReplaySSM folds later
+    replay: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        assert len(self.extend_lens) == len(self.prefix_lens), "extend_lens and prefix_lens differ in length"
+        assert sum(self.extend_lens) == self.input_ids.numel(), "extend_lens do not add up to the tokens"
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.extend_lens)
+
+    @property
+    def seq_lens(self) -> list[int]:
+        return [p + e for p, e in zip(self.prefix_lens, self.extend_lens)]
+
+    @property
+    def cu_seqlens(self) -> list[int]:
+        cu = [0]
+        for n in self.extend_lens:
+            cu.append(cu[-1] + n)
+        return cu
+
+    @classmethod
+    def full_sequences(cls, sequences: list[list[int]] | torch.Tensor, device=None) -> "ForwardBatch":
+        """A stateless forward over whole sequences from position 0: the single-request reference."""
+        if isinstance(sequences, torch.Tensor):
+            sequences = sequences.tolist() if sequences.dim() == 2 else [sequences.tolist()]
+        ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long, device=device)
+        pos = torch.tensor([i for s in sequences for i in range(len(s))], dtype=torch.long, device=device)
+        return cls(ForwardMode.EXTEND, ids, pos, [len(s) for s in sequences], [0] * len(sequences))

@@ -1,0 +1,125 @@
+"""The K3 family decoder: KDA / MLA layers, dense FFN or (Latent)MoE, optional block attention residuals.
+
+One class covers `kimi_linear` checkpoints and the K3 extensions; config fields switch the extensions on.
+Layers read their caches through the ForwardBatch (`fb.mem`), so the same forward serves the stateless reference,
+packed prefill, extend from a cached prefix, and decode.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kestrel.models.config import K3Config
+from kestrel.models.forward_batch import ForwardBatch
+from kestrel.models.kda import KDAMixer
+from kestrel.models.layers.linear import Linear
+from kestrel.models.layers.norm import RMSNorm
+from kestrel.models.mla import MLAMixer
+from kestrel.models.moe import MoE, DenseFFN, activation
+from kestrel.ops.attn_res import attn_res
+
+
+class AttnResSite(nn.Module):
+    """One aggregation site. Checkpoints store an RMSNorm weight [D] and a projection [1, D] (`*_res_norm`,
+    `*_res_proj`); since the key is <RMSNorm(V) * norm_weight, proj>, the two fold into one vector w."""
+
+    def __init__(self, dim: int, dtype=None):
+        super().__init__()
+        self.norm_weight = nn.Parameter(torch.ones(dim, dtype=dtype))
+        self.proj_weight = nn.Parameter(torch.zeros(1, dim, dtype=dtype))
+
+    def vector(self) -> torch.Tensor:
+        return self.norm_weight * self.proj_weight[0]
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: K3Config, layer_id: int, dtype=None):
+        super().__init__()
+        D = cfg.hidden_size
+        self.layer_id = layer_id
+        self.is_kda = cfg.is_kda(layer_id)
+        self.self_attn = KDAMixer(cfg, layer_id, dtype) if self.is_kda else MLAMixer(cfg, layer_id, dtype)
+        if cfg.is_moe(layer_id):
+            self.block_sparse_moe = MoE(cfg, dtype)
+        else:
+            self.mlp = DenseFFN(D, cfg.intermediate_size, activation(cfg), dtype)
+        self.input_layernorm = RMSNorm(D, cfg.rms_norm_eps, dtype=dtype)
+        self.post_attention_layernorm = RMSNorm(D, cfg.rms_norm_eps, dtype=dtype)
+        if cfg.attn_res_block_size:
+            self.attn_res = AttnResSite(D, dtype)
+            self.mlp_res = AttnResSite(D, dtype)
+
+    def ffn(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block_sparse_moe(x) if hasattr(self, "block_sparse_moe") else self.mlp(x)
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor  # [N, vocab] for fb.logits_indices (or every token)
+    hidden: torch.Tensor  # [T, D] final normed hidden states of every token
+    captured: dict[int, torch.Tensor]  # layer id -> that layer's output (the residual stream) [T, D]
+
+
+class K3Model(nn.Module):
+    def __init__(self, cfg: K3Config, dtype=None):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        if cfg.attn_res_block_size:
+            self.output_attn_res = AttnResSite(cfg.hidden_size, dtype)
+
+    def aggregate(self, site: AttnResSite, bank: list[torch.Tensor], partial: torch.Tensor) -> torch.Tensor:
+        return attn_res(bank + [partial], site.vector(), self.cfg.rms_norm_eps)
+
+    def forward(self, fb: ForwardBatch) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        block = self.cfg.attn_res_block_size
+        # partial sum P and bank B of completed block sums; without AttnRes, P is the plain residual stream
+        partial = self.embed_tokens(fb.input_ids)
+        bank: list[torch.Tensor] = []
+        captured = {}
+        for l, layer in enumerate(self.layers):
+            x = partial
+            if block:
+                if l > 0:
+                    x = self.aggregate(layer.attn_res, bank, partial)
+                if l % block == 0:
+                    bank.append(partial)
+                    partial = torch.zeros_like(partial)
+            partial = partial + layer.self_attn(layer.input_layernorm(x), fb)
+            y = self.aggregate(layer.mlp_res, bank, partial) if block else partial
+            partial = partial + layer.ffn(layer.post_attention_layernorm(y))
+            if l in fb.capture_layers:
+                captured[l] = partial
+        h = self.aggregate(self.output_attn_res, bank, partial) if block else partial
+        return self.norm(h), captured
+
+
+class K3ForCausalLM(nn.Module):
+    def __init__(self, cfg: K3Config, dtype=None):
+        super().__init__()
+        self.cfg = cfg
+        self.dtype = dtype or torch.float32
+        self.model = K3Model(cfg, dtype)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, fb: ForwardBatch) -> ModelOutput:
+        hidden, captured = self.model(fb)
+        rows = hidden if fb.logits_indices is None else hidden[fb.logits_indices]
+        return ModelOutput(self.lm_head(rows), hidden, captured)
+
+    @torch.no_grad()
+    def reference_logits(self, tokens: list[int] | torch.Tensor) -> torch.Tensor:
+        """The single-request full-forward reference: logits [len, vocab] of one whole sequence, no cache."""
+        device = self.lm_head.weight.device
+        return self(ForwardBatch.full_sequences([list(map(int, tokens))], device=device)).logits
+
+    def logits_train(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[B, T] -> [B, T, vocab] with autograd (the stateless path over equal-length sequences)."""
+        B, T = input_ids.shape
+        fb = ForwardBatch.full_sequences(input_ids, device=input_ids.device)
+        return self(fb).logits.view(B, T, -1)

@@ -1,0 +1,122 @@
+"""The KDA (Kimi Delta Attention) mixer: short convs, L2-normalised q/k, per-channel decay, delta-rule state."""
+
+import torch
+from torch import nn
+
+from kestrel.models.config import K3Config
+from kestrel.models.forward_batch import ForwardBatch, ForwardMode
+from kestrel.models.layers.linear import Linear
+from kestrel.models.layers.norm import RMSNorm
+from kestrel.ops import kda as kda_ops
+from kestrel.ops.norm import gated_rms_norm
+
+
+class ShortConv(nn.Module):
+    """Depthwise causal conv weight [channels, 1, width], stored as in checkpoints (`{q,k,v}_conv1d.weight`)."""
+
+    def __init__(self, channels: int, width: int, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, 1, width, dtype=dtype))
+
+
+class KDAMixer(nn.Module):
+    def __init__(self, cfg: K3Config, layer_id: int, dtype=None):
+        super().__init__()
+        D, H, K = cfg.hidden_size, cfg.linear_num_heads, cfg.linear_head_dim
+        self.layer_id, self.num_heads, self.head_dim = layer_id, H, K
+        self.lower_bound = cfg.gate_lower_bound
+        self.eps = cfg.rms_norm_eps
+        state_dt = kda_ops.state_dtype_for(dtype or torch.float32)
+        self.q_proj, self.k_proj, self.v_proj = (Linear(D, H * K, dtype=dtype) for _ in range(3))
+        W = cfg.short_conv_kernel_size
+        self.q_conv1d, self.k_conv1d, self.v_conv1d = (ShortConv(H * K, W, dtype) for _ in range(3))
+        # per-head decay rate and per-channel gate bias stay in fp32 (fp64 in exactness runs)
+        self.A_log = nn.Parameter(torch.empty(H, dtype=state_dt))
+        self.dt_bias = nn.Parameter(torch.empty(H * K, dtype=state_dt))
+        self.f_a_proj = Linear(D, K, dtype=dtype)
+        self.f_b_proj = Linear(K, H * K, dtype=dtype)
+        self.b_proj = Linear(D, H, dtype=dtype)
+        if cfg.use_full_rank_gate:
+            self.g_proj = Linear(D, H * K, dtype=dtype)
+        else:
+            self.g_a_proj = Linear(D, K, dtype=dtype)
+            self.g_b_proj = Linear(K, H * K, dtype=dtype)
+        self.o_norm = RMSNorm(K, cfg.rms_norm_eps, dtype=dtype)
+        self.o_proj = Linear(H * K, D, dtype=dtype)
+
+    def conv_weight(self) -> torch.Tensor:
+        """[3 * H * K, W] for q, k, v channels in that order (the conv-state channel order)."""
+        return torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight]).squeeze(1)
+
+    def output_gate(self, x: torch.Tensor) -> torch.Tensor:
+        if hasattr(self, "g_proj"):
+            return self.g_proj(x)
+        return self.g_b_proj(self.g_a_proj(x))
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """x: the normalised mixer input [T, D]."""
+        T, H, K = x.shape[0], self.num_heads, self.head_dim
+        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)  # [T, 3HK]
+        raw_gate = self.f_b_proj(self.f_a_proj(x)).view(T, H, K)
+        beta = torch.sigmoid(self.b_proj(x).to(kda_ops.state_dtype_for(x.dtype)))  # [T, H]
+        if fb.mode == ForwardMode.DECODE and fb.mem is not None:
+            o = self._decode(mixed, raw_gate, beta, fb)
+        elif fb.mode == ForwardMode.EXTEND:
+            g = kda_ops.kda_gate(raw_gate, self.A_log, self.dt_bias, self.lower_bound)
+            o = self._stateless(mixed, g, beta, fb) if fb.mem is None else self._extend(mixed, g, beta, fb)
+        else:
+            raise NotImplementedError(f"KDA forward mode {fb.mode}")
+        o = gated_rms_norm(o, self.output_gate(x).view(T, H, K), self.o_norm.weight, self.eps)
+        return self.o_proj(o.reshape(T, H * K))
+
+    def _qkv(self, y: torch.Tensor):
+        """Conv output [..., 3HK] -> q, k normalised [..., H, K] and v [..., H, K]."""
+        H, K = self.num_heads, self.head_dim
+        q, k, v = y.view(*y.shape[:-1], 3, H, K).unbind(-3)
+        return kda_ops.l2norm(q), kda_ops.l2norm(k), v
+
+    def _stateless(self, mixed, g, beta, fb):
+        cu = fb.cu_seqlens
+        w = self.conv_weight()
+        y = torch.cat([kda_ops.causal_conv1d(mixed[None, a:b], w, None)[0][0] for a, b in zip(cu[:-1], cu[1:])])
+        q, k, v = self._qkv(y)
+        o, _ = kda_ops.chunked(q, k, v, g, beta, cu_seqlens=cu)
+        return o
+
+    def _extend(self, mixed, g, beta, fb):
+        conv_state, ssm = fb.mem.conv_state(self.layer_id), fb.mem.ssm_state(self.layer_id)
+        slots = fb.state_slots
+        cu, W = fb.cu_seqlens, conv_state.shape[1] + 1
+        w = self.conv_weight()
+        ys, windows = [], []
+        for i, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
+            # a sequence with nothing cached starts from zeros: its slot may hold anything (NaN in tests)
+            tail = conv_state[slots[i]].unsqueeze(0) if fb.prefix_lens[i] > 0 else None
+            y, window = kda_ops.causal_conv1d(mixed[None, a:b], w, tail)
+            ys.append(y[0])
+            windows.append(window[0])
+        q, k, v = self._qkv(torch.cat(ys))
+        has_state = torch.tensor(fb.prefix_lens, device=ssm.device) > 0
+        init = torch.where(has_state.view(-1, 1, 1, 1), ssm[slots], torch.zeros((), dtype=ssm.dtype, device=ssm.device))
+        tracked = fb.track is not None and any(t is not None for t in fb.track)
+        res = kda_ops.chunked(q, k, v, g, beta, cu_seqlens=cu, initial_state=init,
+                              start_positions=fb.prefix_lens, output_chunk_states=tracked)
+        o, final = res[0], res[1]
+        for i, window in enumerate(windows):
+            conv_state[slots[i]] = window[-(W - 1):]
+        ssm[slots] = final.to(ssm.dtype)
+        if tracked:
+            for i, t in enumerate(fb.track):
+                if t is None:
+                    continue
+                off, dst = t
+                positions, states = res[2][i]
+                at = positions.index(fb.prefix_lens[i] + off)
+                ssm[dst] = states[at].to(ssm.dtype)
+                conv_state[dst] = windows[i][off : off + W - 1]
+        return o
+
+    def _decode(self, mixed, raw_gate, beta, fb):
+        return kda_ops.decode(mixed, self.conv_weight(), fb.mem.conv_state(self.layer_id),
+                              fb.mem.ssm_state(self.layer_id), fb.state_slots, raw_gate, self.A_log, self.dt_bias,
+                              self.lower_bound, beta, self.head_dim**-0.5)

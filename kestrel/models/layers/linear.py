@@ -1,0 +1,54 @@
+"""Linear layers. Quantised storage, LoRA and tensor parallelism belong here, not in the model files."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kestrel.ops.mxfp4 import reference as mxfp4
+
+
+class Linear(nn.Module):
+    """y = x W^T (+ b), W [out, in]."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, dtype=None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features} -> {self.out_features}"
+
+
+class ExpertWeights(nn.Module):
+    """Routed-expert weights stacked per expert: w1, w3 [E, I, D] (gate, up) and w2 [E, D, I] (down).
+
+    Either dense parameters or MXFP4 (compressed-tensors layout: `{name}_packed` uint8 [E, out, in / 2] and
+    `{name}_scale` uint8 [E, out, in / 32]); `dense(name)` returns the weights in the compute dtype either way.
+    """
+
+    def __init__(self, num_experts: int, hidden: int, inter: int, quantized: bool = False, dtype=None):
+        super().__init__()
+        self.num_experts, self.hidden, self.inter, self.quantized = num_experts, hidden, inter, quantized
+        self.dtype = dtype
+        shapes = {"w1": (inter, hidden), "w2": (hidden, inter), "w3": (inter, hidden)}
+        for name, (out_f, in_f) in shapes.items():
+            if quantized:
+                self.register_buffer(f"{name}_packed", torch.zeros(num_experts, out_f, in_f // 2, dtype=torch.uint8))
+                self.register_buffer(f"{name}_scale", torch.zeros(num_experts, out_f, in_f // 32, dtype=torch.uint8))
+            else:
+                self.register_parameter(name, nn.Parameter(torch.empty(num_experts, out_f, in_f, dtype=dtype)))
+
+    def dense(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        if not self.quantized:
+            return getattr(self, name)
+        packed, scale = getattr(self, f"{name}_packed"), getattr(self, f"{name}_scale")
+        E = packed.shape[0]
+        w = mxfp4.dequantize(packed.flatten(0, 1), scale.flatten(0, 1), dtype or self.dtype or torch.float32)
+        return w.view(E, packed.shape[1], -1)
+
+    def extra_repr(self) -> str:
+        return f"experts={self.num_experts}, {self.hidden} <-> {self.inter}, mxfp4={self.quantized}"

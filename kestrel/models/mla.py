@@ -1,0 +1,100 @@
+"""NoPE MLA: latent KV attention without rotary embedding, optional q LoRA and sigmoid output gate."""
+
+import torch
+from torch import nn
+
+from kestrel.models.config import K3Config
+from kestrel.models.forward_batch import ForwardBatch, ForwardMode
+from kestrel.models.layers.linear import Linear
+from kestrel.models.layers.norm import RMSNorm
+from kestrel.ops import mla as mla_ops
+from kestrel.ops.mla.reference import mla_absorbed_attention
+
+# Moonshot's code uses 1e-6 for the latent norms whatever rms_norm_eps says
+LATENT_NORM_EPS = 1e-6
+
+
+class MLAMixer(nn.Module):
+    def __init__(self, cfg: K3Config, layer_id: int, dtype=None):
+        super().__init__()
+        D, H = cfg.hidden_size, cfg.num_attention_heads
+        self.layer_id, self.num_heads = layer_id, H
+        self.nope, self.rope, self.v_dim, self.rank = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
+        qk = self.nope + self.rope
+        if cfg.q_lora_rank:
+            self.q_a_proj = Linear(D, cfg.q_lora_rank, dtype=dtype)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, LATENT_NORM_EPS, dtype=dtype)
+            self.q_b_proj = Linear(cfg.q_lora_rank, H * qk, dtype=dtype)
+        else:
+            self.q_proj = Linear(D, H * qk, dtype=dtype)
+        self.kv_a_proj_with_mqa = Linear(D, self.rank + self.rope, dtype=dtype)
+        self.kv_a_layernorm = RMSNorm(self.rank, LATENT_NORM_EPS, dtype=dtype)
+        self.kv_b_proj = Linear(self.rank, H * (self.nope + self.v_dim), dtype=dtype)
+        self.o_proj = Linear(H * self.v_dim, D, dtype=dtype)
+        if cfg.mla_use_output_gate:
+            self.g_proj = Linear(D, H * self.v_dim, dtype=dtype)
+        self.scale = qk**-0.5
+
+    def query(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if hasattr(self, "q_b_proj") else self.q_proj(x)
+        return q.view(x.shape[0], self.num_heads, self.nope + self.rope)
+
+    def latent(self, x: torch.Tensor) -> torch.Tensor:
+        """What the cache holds per token: [RMSNorm(c_kv) | k_r], [T, rank + rope]."""
+        c_kv, k_r = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], dim=-1)
+        return torch.cat([self.kv_a_layernorm(c_kv), k_r], dim=-1)
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """x: the normalised mixer input [T, D]."""
+        q, latent = self.query(x), self.latent(x)
+        if fb.mem is not None:
+            buf = fb.mem.kv_buffer(self.layer_id)
+            buf.view(-1, buf.shape[-1])[fb.out_cache_loc] = latent.to(buf.dtype)
+        if fb.mode == ForwardMode.DECODE and fb.mem is not None:
+            o = self._decode(q, buf, fb)
+        else:
+            o = self._per_sequence(q, latent, fb)
+        o = o.reshape(x.shape[0], -1)  # [T, H * v_dim]
+        if hasattr(self, "g_proj"):
+            o = o * torch.sigmoid(self.g_proj(x))
+        return self.o_proj(o)
+
+    def _decode(self, q, buf, fb):
+        w_uk, w_uv = self._kv_b()
+        q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
+        q_lat = torch.einsum("thd,hdr->thr", q_nope, w_uk)
+        seq_lens = torch.tensor(fb.seq_lens, device=q.device)
+        out_lat, _ = mla_ops.decode_paged(q_lat, q_rope, buf, fb.page_table, seq_lens, self.rank, self.scale)
+        return torch.einsum("thr,hvr->thv", out_lat.to(q.dtype), w_uv)
+
+    def _per_sequence(self, q, latent, fb):
+        absorbed = fb.mode == ForwardMode.VERIFY
+        outs, cu = [], fb.cu_seqlens
+        buf = fb.mem.kv_buffer(self.layer_id) if fb.mem is not None else None
+        for i, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
+            if fb.mem is None:
+                lat = latent[a:b]
+            else:
+                lat = mla_ops.gather_latents(buf, fb.page_table[i], fb.prefix_lens[i] + b - a).to(latent.dtype)
+            attend = self._absorbed if absorbed else self._expanded
+            outs.append(attend(q[a:b], lat, fb.prefix_lens[i])[0])
+        return torch.cat(outs)
+
+    def _kv_b(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """kv_b_proj split per head into W_uk [H, nope, rank] and W_uv [H, v_dim, rank]."""
+        w = self.kv_b_proj.weight.view(self.num_heads, self.nope + self.v_dim, self.rank)
+        return w[:, : self.nope], w[:, self.nope :]
+
+    def _expanded(self, q, lat, q_offset: int):
+        S, H = lat.shape[0], self.num_heads
+        kv = self.kv_b_proj(lat[:, : self.rank]).view(S, H, self.nope + self.v_dim)
+        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
+        k = torch.cat([k_nope, lat[:, None, self.rank :].expand(S, H, self.rope)], dim=-1)
+        return mla_ops.attention(q, k, v, self.scale, q_offset)
+
+    def _absorbed(self, q, lat, q_offset: int):
+        w_uk, w_uv = self._kv_b()
+        q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
+        q_lat = torch.einsum("thd,hdr->thr", q_nope, w_uk)
+        out_lat, lse = mla_absorbed_attention(q_lat, q_rope, lat, self.rank, self.scale, q_offset)
+        return torch.einsum("thr,hvr->thv", out_lat, w_uv), lse

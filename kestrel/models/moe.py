@@ -1,0 +1,76 @@
+"""FFNs: dense SiTU/SiLU MLP, and (Latent)MoE with a sigmoid router, routed experts and shared experts."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kestrel.models.config import K3Config
+from kestrel.models.layers.linear import ExpertWeights, Linear
+from kestrel.models.layers.norm import RMSNorm
+from kestrel.ops import moe as moe_ops
+from kestrel.ops.moe import Activation
+
+
+def activation(cfg: K3Config) -> Activation:
+    """act(gate, up): SiTU with the config's betas, or SwiGLU's silu(gate) * up."""
+    return Activation(cfg.hidden_act, cfg.activation_situ_beta, cfg.activation_situ_linear_beta)
+
+
+class DenseFFN(nn.Module):
+    def __init__(self, hidden: int, inter: int, act, dtype=None):
+        super().__init__()
+        self.gate_proj = Linear(hidden, inter, dtype=dtype)
+        self.up_proj = Linear(hidden, inter, dtype=dtype)
+        self.down_proj = Linear(inter, hidden, dtype=dtype)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x), self.up_proj(x)))
+
+
+class Router(nn.Module):
+    """Sigmoid router; weight [E, D] and correction bias [E] kept in fp32."""
+
+    def __init__(self, cfg: K3Config, dtype=None):
+        super().__init__()
+        fp = torch.float64 if dtype == torch.float64 else torch.float32
+        self.weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size, dtype=fp))
+        self.register_buffer("e_score_correction_bias", torch.zeros(cfg.num_experts, dtype=fp))
+        self.cfg = cfg
+
+    def forward(self, x: torch.Tensor):
+        c = self.cfg
+        logits = F.linear(x.to(self.weight.dtype), self.weight)
+        return moe_ops.route(logits, self.e_score_correction_bias, c.num_experts_per_token, c.moe_renormalize,
+                             c.routed_scaling_factor, c.num_expert_group, c.topk_group)
+
+
+class MoE(nn.Module):
+    """out = W_up RMSNorm_latent(sum_e w_e E_e(W_down x)) + Shared(x); without latent fields, plain Kimi-Linear MoE."""
+
+    def __init__(self, cfg: K3Config, dtype=None):
+        super().__init__()
+        D, latent = cfg.hidden_size, cfg.routed_expert_hidden_size
+        self.act = activation(cfg)
+        self.gate = Router(cfg, dtype)
+        quantized = cfg.quantization is not None
+        self.experts = ExpertWeights(cfg.num_experts, latent or D, cfg.moe_intermediate_size, quantized, dtype)
+        if latent:
+            self.routed_expert_down_proj = Linear(D, latent, dtype=dtype)
+            self.routed_expert_up_proj = Linear(latent, D, dtype=dtype)
+            if cfg.latent_moe_use_norm:
+                self.routed_expert_norm = RMSNorm(latent, cfg.rms_norm_eps, dtype=dtype)
+        if cfg.num_shared_experts:
+            self.shared_experts = DenseFFN(D, cfg.moe_intermediate_size * cfg.num_shared_experts, self.act, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)  # routing reads x, not the latent
+        h = self.routed_expert_down_proj(x) if hasattr(self, "routed_expert_down_proj") else x
+        y = moe_ops.experts(h, self.experts, weights, ids, self.act)
+        if hasattr(self, "routed_expert_norm"):
+            y = self.routed_expert_norm(y)
+        if hasattr(self, "routed_expert_up_proj"):
+            y = self.routed_expert_up_proj(y)
+        if hasattr(self, "shared_experts"):
+            y = y + self.shared_experts(x)
+        return y

@@ -1,0 +1,18 @@
+"""Block attention residuals: a softmax-weighted sum over the completed block sums and the partial sum."""
+
+import torch
+
+from kestrel.ops.kda.reference import state_dtype_for
+
+
+def attn_res(values: list[torch.Tensor], w: torch.Tensor, eps: float) -> torch.Tensor:
+    """values: [B_1, ..., B_n, P], each [T, D]; w [D] the folded site vector (norm weight * proj weight).
+
+    p_i = softmax_i(<RMSNorm(V_i) (no weight), w>); returns sum_i p_i V_i in the inputs' dtype. Runs in fp32.
+    Token-local: nothing mixes positions.
+    """
+    dt = state_dtype_for(values[0].dtype)
+    V = torch.stack([v.to(dt) for v in values])  # [n+1, T, D]
+    keys = V * torch.rsqrt(V.pow(2).mean(-1, keepdim=True) + eps)
+    p = torch.softmax(keys @ w.to(dt), dim=0)  # [n+1, T]
+    return (p.unsqueeze(-1) * V).sum(0).to(values[0].dtype)

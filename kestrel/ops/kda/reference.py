@@ -1,0 +1,197 @@
+"""Plain-torch Kimi Delta Attention: the oracle every KDA kernel is tested against.
+
+Per head, with state S in R^{K x V} (kept in fp32, or fp64 when the inputs are fp64):
+    S <- diag(exp(g_t)) S;  u = v_t - S^T k_t;  S <- S + beta_t k_t u^T;  o_t = S^T (scale * q_t)
+q and k arrive already L2-normalised; `scale` (K^-1/2 by default) is applied to q here.
+
+Two forms compute the same function:
+- `kda_recurrent`: the token loop above (decode, and ReplaySSM's fold).
+- `kda_chunked`: the WY form over chunks, packed variable-length sequences with cu_seqlens. Every exponent it
+  takes is a difference of cumulative gates that is <= 0, so a chunk of safe gates summing to -320 cannot overflow.
+  Chunks are aligned to absolute positions (a sequence that starts mid-chunk is front-padded with no-op tokens),
+  so the state at every chunk boundary is available for prefix-cache checkpoints.
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def state_dtype_for(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the recurrent state for a given activation dtype: fp32, or fp64 for fp64 inputs."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last dim, computed in at least fp32."""
+    xf = x.to(state_dtype_for(x.dtype))
+    return (xf / torch.sqrt((xf * xf).sum(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def kda_gate(raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None) -> torch.Tensor:
+    """Per-channel log-decay g from the gate bottleneck output.
+
+    raw: [..., H, K]; A_log: [H]; dt_bias: [H * K]. Returns g <= 0 in the state dtype.
+    lower_bound None: Kimi-Linear form g = -exp(A_log) * softplus(raw + dt_bias).
+    lower_bound lb:   K3 safe gate    g = lb * sigmoid(exp(A_log) * (raw + dt_bias)), so g is in (lb, 0).
+    """
+    dt = state_dtype_for(raw.dtype)
+    H, K = raw.shape[-2:]
+    x = raw.to(dt) + dt_bias.to(dt).view(H, K)
+    a = torch.exp(A_log.to(dt)).view(H, 1)
+    if lower_bound is None:
+        return -a * F.softplus(x)
+    return lower_bound * torch.sigmoid(a * x)
+
+
+def kda_step(state: torch.Tensor, q, k, v, g, beta, scale: float) -> torch.Tensor:
+    """One recurrence step, in place on `state` [N, H, K, V]; q, k, g: [N, H, K]; v: [N, H, V]; beta: [N, H].
+
+    Returns o [N, H, V] in the state dtype. This exact sequence of operations is what ReplaySSM's fold replays,
+    so anything that must be bit-identical to decode calls this function.
+    """
+    dt = state.dtype
+    q, k, v, g, beta = (t.to(dt) for t in (q, k, v, g, beta))
+    state.mul_(torch.exp(g).unsqueeze(-1))
+    u = v - torch.einsum("nhkv,nhk->nhv", state, k)
+    state.add_((beta.unsqueeze(-1) * k).unsqueeze(-1) * u.unsqueeze(-2))
+    return torch.einsum("nhkv,nhk->nhv", state, q * scale)
+
+
+def kda_recurrent(q, k, v, g, beta, scale: float | None = None, initial_state: torch.Tensor | None = None):
+    """Token-by-token KDA over a batch of equal-length sequences.
+
+    q, k, g: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H]; initial_state: [B, H, K, V] or None (zeros).
+    Returns (o [B, T, H, V] in v's dtype, final_state [B, H, K, V] in the state dtype).
+    """
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    scale = K**-0.5 if scale is None else scale
+    dt = state_dtype_for(v.dtype)
+    state = torch.zeros(B, H, K, V, dtype=dt, device=v.device) if initial_state is None else initial_state.to(dt).clone()
+    out = torch.empty(B, T, H, V, dtype=dt, device=v.device)
+    for t in range(T):
+        out[:, t] = kda_step(state, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], scale)
+    return out.to(v.dtype), state
+
+
+def _chunked_batched(q, k, v, g, beta, scale, state, chunk_size):
+    """WY-form KDA for [B, T, H, *] inputs with T a multiple of chunk_size, all in the state dtype.
+
+    Returns o [B, T, H, V], the final state, and the state after every chunk [B, N, H, K, V].
+    """
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    C, N = chunk_size, T // chunk_size
+    # [B, H, N, C, *]
+    q, k, v, g = (t.reshape(B, N, C, H, -1).permute(0, 3, 1, 2, 4) for t in (q, k, v, g))
+    beta = beta.reshape(B, N, C, H).permute(0, 3, 1, 2)
+    gc = g.cumsum(-2)
+    incl = torch.tril(torch.ones(C, C, dtype=torch.bool, device=q.device))
+    eye = torch.eye(C, dtype=q.dtype, device=q.device)
+    out = torch.empty(B, H, N, C, V, dtype=q.dtype, device=q.device)
+    states = []
+    for n in range(N):
+        qn, kn, vn, gn, bn = q[:, :, n], k[:, :, n], v[:, :, n], gc[:, :, n], beta[:, :, n]
+        # decay[i, j] = exp(gc_i - gc_j) for j <= i, else 0: every exponent is <= 0
+        diff = (gn.unsqueeze(-2) - gn.unsqueeze(-3)).masked_fill(~incl.unsqueeze(-1), float("-inf"))
+        decay = torch.exp(diff)  # [B, H, C, C, K]
+        kk = torch.einsum("bhik,bhjk,bhijk->bhij", kn, kn, decay)
+        qk = torch.einsum("bhik,bhjk,bhijk->bhij", qn * scale, kn, decay)
+        # (I + A) U = diag(beta) (v - (k * exp(gc)) S0), A strictly lower with A_ij = beta_i k_i.(decay_ij k_j)
+        lower = eye + torch.tril(bn.unsqueeze(-1) * kk, diagonal=-1)
+        rhs = bn.unsqueeze(-1) * (vn - (kn * torch.exp(gn)) @ state)
+        u = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
+        out[:, :, n] = (qn * scale * torch.exp(gn)) @ state + qk @ u
+        g_last = gn[..., -1:, :]  # [B, H, 1, K]
+        state = torch.exp(g_last).transpose(-1, -2) * state + (kn * torch.exp(g_last - gn)).transpose(-1, -2) @ u
+        states.append(state)
+    out = out.permute(0, 2, 3, 1, 4).reshape(B, T, H, V)
+    return out, state, torch.stack(states, 1)
+
+
+def kda_chunked(
+    q, k, v, g, beta,
+    cu_seqlens: torch.Tensor | list[int] | None = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    start_positions: list[int] | None = None,
+    chunk_size: int = 64,
+    output_chunk_states: bool = False,
+):
+    """Chunked (WY) KDA over packed variable-length sequences.
+
+    q, k, g: [T, H, K]; v: [T, H, V]; beta: [T, H], sequences packed back to back with cu_seqlens ([N + 1];
+    None = one sequence). initial_state: [N, H, K, V] or None (zeros). start_positions: absolute position of
+    each sequence's first token (default 0); chunks are aligned to absolute multiples of chunk_size.
+
+    Returns (o [T, H, V] in v's dtype, final_state [N, H, K, V]) and, with output_chunk_states, a list of
+    (positions, states [n_i, H, K, V]) per sequence: the state after every absolute chunk boundary crossed,
+    positions being the absolute token count each state has consumed (the last one is the final state).
+    """
+    T, H, K = k.shape
+    V = v.shape[-1]
+    scale = K**-0.5 if scale is None else scale
+    if cu_seqlens is None:
+        cu_seqlens = [0, T]
+    cu = [int(x) for x in cu_seqlens]
+    n_seq = len(cu) - 1
+    starts = [0] * n_seq if start_positions is None else [int(s) for s in start_positions]
+    dt = state_dtype_for(v.dtype)
+    C = chunk_size
+    fronts = [s % C for s in starts]
+    lens = [cu[i + 1] - cu[i] for i in range(n_seq)]
+    Tp = max(-(-(f + L) // C) * C for f, L in zip(fronts, lens)) if n_seq else 0
+    # pad each sequence with no-op tokens (k = v = g = beta = 0 leave the state unchanged) to whole chunks
+    def pad(x):
+        buf = x.new_zeros((n_seq, Tp, *x.shape[1:]), dtype=dt)
+        for i in range(n_seq):
+            buf[i, fronts[i] : fronts[i] + lens[i]] = x[cu[i] : cu[i + 1]]
+        return buf
+
+    qp, kp, vp, gp, bp = (pad(t) for t in (q, k, v, g, beta))
+    S0 = torch.zeros(n_seq, H, K, V, dtype=dt, device=v.device) if initial_state is None else initial_state.to(dt)
+    o_pad, final, states = _chunked_batched(qp, kp, vp, gp, bp, scale, S0, C)
+    out = torch.cat([o_pad[i, fronts[i] : fronts[i] + lens[i]] for i in range(n_seq)]).to(v.dtype)
+    if not output_chunk_states:
+        return out, final
+    per_seq = []
+    for i in range(n_seq):
+        n_i = -(-(fronts[i] + lens[i]) // C)
+        base = starts[i] - fronts[i]
+        pos = [min(base + (j + 1) * C, starts[i] + lens[i]) for j in range(n_i)]
+        per_seq.append((pos, states[i, :n_i]))
+    return out, final, per_seq
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, tail: torch.Tensor | None):
+    """Depthwise causal conv + SiLU of one or many sequences continuing from a cached tail.
+
+    x [N, L, C]; weight [C, W]; tail [N, W - 1, C] (the previous W - 1 inputs; None = zeros).
+    Returns (y [N, L, C], window [N, W - 1 + L, C]); the new tail after token j is window[:, j + 1 : j + W].
+    The taps are summed in a fixed order whatever L is, so a token's output does not depend on how many
+    tokens share the call (verify and decode agree bit for bit).
+    """
+    N, L, C = x.shape
+    W = weight.shape[1]
+    if tail is None:
+        tail = x.new_zeros(N, W - 1, C)
+    window = torch.cat([tail.to(x.dtype), x], dim=1)
+    w = weight.to(x.dtype)
+    y = window[:, 0:L] * w[:, 0]
+    for j in range(1, W):
+        y = y + window[:, j : j + L] * w[:, j]
+    return F.silu(y), window
+
+
+def kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale):
+    """Reference of the fused decode step (see kestrel.ops.kda.decode)."""
+    B = mixed.shape[0]
+    H, K, V = ssm.shape[1:]
+    y, window = causal_conv1d(mixed.unsqueeze(1), conv_weight, conv_state[slots])
+    conv_state[slots] = window[:, 1:]
+    q, k, v = y[:, 0].view(B, 3, H, -1).unbind(1)
+    g = kda_gate(raw_gate, A_log, dt_bias, lower_bound)
+    state = ssm[slots]
+    o = kda_step(state, l2norm(q), l2norm(k), v, g, beta, scale)
+    ssm[slots] = state
+    return o.to(v.dtype)

@@ -1,0 +1,21 @@
+"""MLA attention ops, dispatched by device."""
+
+from kestrel.ops import kernel
+from kestrel.ops.mla import reference
+from kestrel.ops.mla.reference import gather_latents, merge_attention_states  # noqa: F401
+
+
+def attention(q, k, v, scale: float, q_offset: int):
+    """Causal attention of one sequence's new tokens over its keys: see reference.attention_with_lse."""
+    fn = kernel(__name__ + ".triton", "attention_with_lse", q) or reference.attention_with_lse
+    return fn(q, k, v, scale, q_offset)
+
+
+def decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank: int, scale: float):
+    """Absorbed-form decode over the paged latent cache, one query token per sequence.
+
+    q_lat [B, H, R], q_rope [B, H, Dr], kv_buffer [P, page_size, R + Dr], page_table [B, max_pages],
+    seq_lens [B] (keys per sequence, the new token's included). Returns out_lat [B, H, R] and lse [B, H].
+    """
+    fn = kernel(__name__ + ".triton", "mla_decode_paged", q_lat) or reference.mla_decode_paged
+    return fn(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank, scale)

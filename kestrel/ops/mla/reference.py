@@ -1,0 +1,69 @@
+"""Plain-torch attention for NoPE MLA over a paged latent cache, returning per-head log-sum-exp.
+
+The cache holds, per token and MLA layer, the normalised latent c = [c_kv (R) | k_r (Dr)]. Two equivalent forms:
+- expanded (prefill): k = [W_uk c_kv | k_r], v = W_uv c_kv per head, ordinary attention;
+- absorbed (decode): q_lat = W_uk^T q_nope, scores = q_lat . c_kv + q_r . k_r, out_lat = sum p c_kv, out = W_uv out_lat.
+The log-sum-exp lets partial results over disjoint key sets be merged exactly (decode context parallelism).
+"""
+
+import torch
+
+
+def page_token_indices(page_table_row: torch.Tensor, seq_len: int, page_size: int) -> torch.Tensor:
+    """Flat cache-slot index of positions 0..seq_len-1 for one sequence's page table."""
+    pos = torch.arange(seq_len, device=page_table_row.device)
+    return page_table_row[pos // page_size].long() * page_size + pos % page_size
+
+
+def gather_latents(kv_cache: torch.Tensor, page_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """kv_cache [num_pages, page_size, D] -> the sequence's latents [seq_len, D]."""
+    num_pages, page_size, D = kv_cache.shape
+    idx = page_token_indices(page_table_row, seq_len, page_size)
+    return kv_cache.view(num_pages * page_size, D)[idx]
+
+
+def attention_with_lse(q, k, v, scale: float, q_offset: int, causal: bool = True):
+    """q [Tq, H, Dk] at absolute positions q_offset.. ; k [S, H, Dk], v [S, H, Dv] at positions 0..S-1.
+
+    Returns out [Tq, H, Dv] and lse [Tq, H] (natural log), computed in at least fp32.
+    """
+    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    s = torch.einsum("qhd,shd->hqs", q.to(dt), k.to(dt)) * scale
+    if causal:
+        qpos = torch.arange(q.shape[0], device=q.device) + q_offset
+        kpos = torch.arange(k.shape[0], device=q.device)
+        s = s.masked_fill(kpos[None, :] > qpos[:, None], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)  # [H, Tq]
+    p = torch.exp(s - lse.unsqueeze(-1))
+    out = torch.einsum("hqs,shd->qhd", p, v.to(dt))
+    return out.to(q.dtype), lse.transpose(0, 1)
+
+
+def mla_absorbed_attention(q_lat, q_rope, latents, kv_lora_rank: int, scale: float, q_offset: int, causal=True):
+    """Absorbed-form attention of one sequence.
+
+    q_lat [Tq, H, R], q_rope [Tq, H, Dr], latents [S, R + Dr]. Returns out_lat [Tq, H, R] and lse [Tq, H].
+    """
+    c_kv, k_r = latents[:, :kv_lora_rank], latents[:, kv_lora_rank:]
+    q = torch.cat([q_lat, q_rope], dim=-1)
+    k = torch.cat([c_kv, k_r], dim=-1).unsqueeze(1).expand(-1, q.shape[1], -1)
+    v = c_kv.unsqueeze(1).expand(-1, q.shape[1], -1)
+    return attention_with_lse(q, k, v, scale, q_offset, causal)
+
+
+def merge_attention_states(outs: list[torch.Tensor], lses: list[torch.Tensor]):
+    """Exact merge of partial attention results over disjoint key sets: out [T, H, D], lse [T, H] each."""
+    lse = torch.logsumexp(torch.stack(lses), dim=0)
+    out = sum(o.to(lse.dtype) * torch.exp(l - lse).unsqueeze(-1) for o, l in zip(outs, lses))
+    return out.to(outs[0].dtype), lse
+
+
+def mla_decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank: int, scale: float):
+    """Reference of the batched paged decode (see kestrel.ops.mla.decode_paged)."""
+    outs, lses = [], []
+    for i, n in enumerate(seq_lens.tolist()):
+        lat = gather_latents(kv_buffer, page_table[i], n).to(q_lat.dtype)
+        o, lse = mla_absorbed_attention(q_lat[i : i + 1], q_rope[i : i + 1], lat, kv_lora_rank, scale, q_offset=n - 1)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)

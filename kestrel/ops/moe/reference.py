@@ -1,0 +1,78 @@
+"""Plain-torch MoE: sigmoid router with correction bias, SiTU / SiLU experts, a per-expert loop."""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kestrel.ops.kda.reference import state_dtype_for
+
+
+def situ(a: torch.Tensor, b: torch.Tensor, beta: float = 4.0, linear_beta: float = 25.0) -> torch.Tensor:
+    """SiTU(a, b) = [beta tanh(a / beta) sigmoid(a)] * [linear_beta tanh(b / linear_beta)] in fp32: soft-clipped SwiGLU."""
+    dt = state_dtype_for(a.dtype)
+    af, bf = a.to(dt), b.to(dt)
+    return (beta * torch.tanh(af / beta) * torch.sigmoid(af) * (linear_beta * torch.tanh(bf / linear_beta))).to(a.dtype)
+
+
+def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.silu(a) * b
+
+
+@dataclass(frozen=True)
+class Activation:
+    """The expert activation act(gate, up): "situ" (with its two betas) or "silu" (SwiGLU). Kernels fuse it by kind."""
+
+    kind: str = "silu"
+    beta: float = 4.0
+    linear_beta: float = 25.0
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if self.kind == "situ":
+            return situ(a, b, self.beta, self.linear_beta)
+        return silu_mul(a, b)
+
+
+def route(
+    logits: torch.Tensor,
+    correction_bias: torch.Tensor | None,
+    top_k: int,
+    renormalize: bool,
+    scaling: float,
+    num_expert_group: int = 1,
+    topk_group: int = 1,
+):
+    """Sigmoid routing in fp32. logits [T, E] -> (weights [T, top_k] fp32, expert ids [T, top_k]).
+
+    Experts are chosen on sigmoid(logits) + bias; weights are the unbiased scores of the chosen experts,
+    renormalised (skipped when top_k == 1) and scaled. Group-limited routing applies only when the number of
+    groups exceeds topk_group.
+    """
+    scores = torch.sigmoid(logits.to(state_dtype_for(logits.dtype)))
+    choice = scores if correction_bias is None else scores + correction_bias.to(scores.dtype)
+    if num_expert_group > topk_group:
+        T, E = choice.shape
+        grouped = choice.view(T, num_expert_group, E // num_expert_group)
+        group_scores = grouped.topk(2, dim=-1).values.sum(-1)
+        keep = torch.zeros_like(group_scores, dtype=torch.bool)
+        keep.scatter_(1, group_scores.topk(topk_group, dim=-1).indices, True)
+        choice = choice.masked_fill(~keep.repeat_interleave(E // num_expert_group, dim=1), float("-inf"))
+    ids = choice.topk(top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    if renormalize and top_k > 1:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return weights * scaling, ids
+
+
+def moe_experts(x, w1, w2, w3, weights, ids, act) -> torch.Tensor:
+    """sum_k weights[t, k] * W2_e act(W1_e x_t, W3_e x_t) with e = ids[t, k].
+
+    x [T, D]; w1, w3 [E, I, D]; w2 [E, D, I] (dense tensors; quantised experts are dequantised by the caller).
+    """
+    out = torch.zeros(x.shape[0], w2.shape[1], dtype=x.dtype, device=x.device)
+    for e in torch.unique(ids).tolist():
+        tok, slot = torch.nonzero(ids == e, as_tuple=True)
+        xe = x[tok]
+        h = act(xe @ w1[e].t(), xe @ w3[e].t()) @ w2[e].t()
+        out.index_add_(0, tok, h * weights[tok, slot].unsqueeze(-1).to(h.dtype))
+    return out

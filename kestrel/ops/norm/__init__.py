@@ -1,0 +1,14 @@
+"""RMSNorm ops, dispatched by device."""
+
+from kestrel.ops import kernel
+from kestrel.ops.norm import reference
+
+
+def rms_norm(x, weight, eps: float):
+    fn = kernel(__name__ + ".triton", "rms_norm", x) or reference.rms_norm
+    return fn(x, weight, eps)
+
+
+def gated_rms_norm(x, gate, weight, eps: float):
+    fn = kernel(__name__ + ".triton", "gated_rms_norm", x) or reference.gated_rms_norm
+    return fn(x, gate, weight, eps)
