@@ -17,7 +17,7 @@ serve: $(VENV)/.installed
 	$(BIN)/kestrel serve $(ARGS)
 
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -q -n 2 --timeout 600 tests $(ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --timeout 600 tests $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -51,6 +51,11 @@ class ForwardBatch:
     track: list[tuple[int, int] | None] | None = None
     # rows of the packed tokens to turn into logits; None = every token
     logits_indices: torch.Tensor | None = None
+    # a stateless training forward over equal-length sequences: KDA uses the factored chunk form (bounded safe
+    # gates only) and attention runs batched; results match the reference up to rounding
+    training: bool = False
+    # device copy of seq_lens for decode kernels (CUDA graphs cannot build it mid-capture); None = built on demand
+    seq_lens_t: torch.Tensor | None = None
     # layers whose output hidden states the caller wants back (speculative drafting features)
     capture_layers: tuple[int, ...] = ()
     # filled during the forward for VERIFY mode: per KDA layer, the raw step inputs ReplaySSM folds later
@@ -59,6 +64,10 @@ class ForwardBatch:
     def __post_init__(self):
         assert len(self.extend_lens) == len(self.prefix_lens), "extend_lens and prefix_lens differ in length"
         assert sum(self.extend_lens) == self.input_ids.numel(), "extend_lens do not add up to the tokens"
+
+    @property
+    def equal_lengths(self) -> bool:
+        return len(set(self.extend_lens)) <= 1
 
     @property
     def batch_size(self) -> int:

@@ -17,7 +17,8 @@ from kestrel.models.layers.linear import Linear
 from kestrel.models.layers.norm import RMSNorm
 from kestrel.models.mla import MLAMixer
 from kestrel.models.moe import MoE, DenseFFN, activation
-from kestrel.ops.attn_res import attn_res
+from kestrel.ops.attn_res import attn_res, attn_res_norm
+from kestrel.ops.norm import add_rms_norm
 
 
 class AttnResSite(nn.Module):
@@ -74,27 +75,49 @@ class K3Model(nn.Module):
     def aggregate(self, site: AttnResSite, bank: list[torch.Tensor], partial: torch.Tensor) -> torch.Tensor:
         return attn_res(bank + [partial], site.vector(), self.cfg.rms_norm_eps)
 
+    def _settle(self, site, norm: RMSNorm, bank, partial, delta):
+        """Apply the pending sublayer output `delta` to the stream and pre-norm the next sublayer's input, fused on
+        GPU: AttnRes aggregation + RMSNorm, or residual add + RMSNorm. Returns (partial, normed input)."""
+        if delta is not None:
+            if site is not None and partial is not None:
+                partial = partial + delta
+            elif site is not None:
+                partial = delta
+            else:
+                return add_rms_norm(partial, delta, norm.weight, norm.eps)
+        if site is None or not bank:
+            return partial, norm(partial)
+        return partial, attn_res_norm(bank + [partial], site.vector(), self.cfg.rms_norm_eps, norm.weight, norm.eps)[1]
+
     def forward(self, fb: ForwardBatch) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         block = self.cfg.attn_res_block_size
-        # partial sum P and bank B of completed block sums; without AttnRes, P is the plain residual stream
+        # partial sum P and bank B of completed block sums; without AttnRes, P is the plain residual stream.
+        # `delta` is a sublayer output not yet added to P (added inside the next fused settle); P = None is zero.
         partial = self.embed_tokens(fb.input_ids)
+        delta = None
         bank: list[torch.Tensor] = []
         captured = {}
         for l, layer in enumerate(self.layers):
-            x = partial
-            if block:
-                if l > 0:
-                    x = self.aggregate(layer.attn_res, bank, partial)
-                if l % block == 0:
-                    bank.append(partial)
-                    partial = torch.zeros_like(partial)
-            partial = partial + layer.self_attn(layer.input_layernorm(x), fb)
-            y = self.aggregate(layer.mlp_res, bank, partial) if block else partial
-            partial = partial + layer.ffn(layer.post_attention_layernorm(y))
+            attn_site = layer.attn_res if block and l > 0 else None
+            partial, x = self._settle(attn_site, layer.input_layernorm, bank, partial, delta)
+            if block and l % block == 0:
+                bank.append(partial)
+                partial = None
+            delta = layer.self_attn(x, fb)
+            partial, y = self._settle(layer.mlp_res if block else None, layer.post_attention_layernorm, bank, partial,
+                                      delta)
+            delta = layer.ffn(y)
             if l in fb.capture_layers:
+                partial, delta = partial + delta, None
                 captured[l] = partial
-        h = self.aggregate(self.output_attn_res, bank, partial) if block else partial
-        return self.norm(h), captured
+        partial, h = self._settle(self.output_attn_res if block else None, self.norm, bank, partial, delta)
+        return h, captured
+
+    def fuse_projections(self) -> None:
+        """One GEMM per group of projections that read the same input (inference; see FusedLinears)."""
+        for m in self.modules():
+            if m is not self and hasattr(m, "fuse_projections"):
+                m.fuse_projections()
 
 
 class K3ForCausalLM(nn.Module):
@@ -107,19 +130,27 @@ class K3ForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def fuse_projections(self) -> None:
+        self.model.fuse_projections()
+
     def forward(self, fb: ForwardBatch) -> ModelOutput:
         hidden, captured = self.model(fb)
         rows = hidden if fb.logits_indices is None else hidden[fb.logits_indices]
         return ModelOutput(self.lm_head(rows), hidden, captured)
 
     @torch.no_grad()
-    def reference_logits(self, tokens: list[int] | torch.Tensor) -> torch.Tensor:
-        """The single-request full-forward reference: logits [len, vocab] of one whole sequence, no cache."""
+    def reference_logits(self, tokens: list[int] | torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """The single-request full-forward reference: logits [len, vocab] of one whole sequence, no cache
+        (with last_only, just the last position's [1, vocab])."""
         device = self.lm_head.weight.device
-        return self(ForwardBatch.full_sequences([list(map(int, tokens))], device=device)).logits
+        fb = ForwardBatch.full_sequences([list(map(int, tokens))], device=device)
+        if last_only:
+            fb.logits_indices = torch.tensor([len(tokens) - 1], device=device)
+        return self(fb).logits
 
     def logits_train(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[B, T] -> [B, T, vocab] with autograd (the stateless path over equal-length sequences)."""
         B, T = input_ids.shape
         fb = ForwardBatch.full_sequences(input_ids, device=input_ids.device)
+        fb.training = True
         return self(fb).logits.view(B, T, -1)

@@ -5,7 +5,7 @@ from torch import nn
 
 from kestrel.models.config import K3Config
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode
-from kestrel.models.layers.linear import Linear
+from kestrel.models.layers.linear import FusedLinears, Linear
 from kestrel.models.layers.norm import RMSNorm
 from kestrel.ops import kda as kda_ops
 from kestrel.ops.norm import gated_rms_norm
@@ -46,19 +46,52 @@ class KDAMixer(nn.Module):
 
     def conv_weight(self) -> torch.Tensor:
         """[3 * H * K, W] for q, k, v channels in that order (the conv-state channel order)."""
+        fused = getattr(self, "_fused_conv", None)
+        if fused is not None and [c.weight.data_ptr() for c in self._convs()] == fused[1]:
+            return fused[0]
         return torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight]).squeeze(1)
+
+    def _convs(self):
+        return self.q_conv1d, self.k_conv1d, self.v_conv1d
 
     def output_gate(self, x: torch.Tensor) -> torch.Tensor:
         if hasattr(self, "g_proj"):
             return self.g_proj(x)
         return self.g_b_proj(self.g_a_proj(x))
 
+    @torch.no_grad()
+    def fuse_projections(self) -> None:
+        """Serve the six projections of x (q, k, v, gate, f_a, b) with one GEMM and the three conv weights without
+        a per-call cat (inference only: the weights become views of shared buffers, no memory is duplicated)."""
+        gate = self.g_proj if hasattr(self, "g_proj") else self.g_a_proj
+        self._fused = FusedLinears(self.q_proj, self.k_proj, self.v_proj, gate, self.f_a_proj, self.b_proj)
+        buf = torch.cat([c.weight.data for c in self._convs()])
+        for c, part in zip(self._convs(), buf.split(self.num_heads * self.head_dim)):
+            c.weight.data = part
+        self._fused_conv = (buf.squeeze(1), [c.weight.data_ptr() for c in self._convs()])
+
+    def _project(self, x: torch.Tensor):
+        """mixed [T, 3HK], raw gate [T, H, K], beta [T, H] and the output gate's input projection."""
+        T, H, K = x.shape[0], self.num_heads, self.head_dim
+        fused = getattr(self, "_fused", None)
+        if fused is not None and fused.valid():
+            q, k, v, gate, fa, b = fused(x)
+            mixed = torch.cat([q, k, v], dim=-1) if x.requires_grad else fused_slice(q, v)
+        else:
+            mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+            fa, b, gate = self.f_a_proj(x), self.b_proj(x), None
+        raw_gate = self.f_b_proj(fa).view(T, H, K)
+        beta = torch.sigmoid(b.to(kda_ops.state_dtype_for(x.dtype)))  # [T, H]
+        if gate is None:
+            gate = self.output_gate(x)
+        elif not hasattr(self, "g_proj"):
+            gate = self.g_b_proj(gate)
+        return mixed, raw_gate, beta, gate
+
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """x: the normalised mixer input [T, D]."""
         T, H, K = x.shape[0], self.num_heads, self.head_dim
-        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)  # [T, 3HK]
-        raw_gate = self.f_b_proj(self.f_a_proj(x)).view(T, H, K)
-        beta = torch.sigmoid(self.b_proj(x).to(kda_ops.state_dtype_for(x.dtype)))  # [T, H]
+        mixed, raw_gate, beta, gate = self._project(x)
         if fb.mode == ForwardMode.DECODE and fb.mem is not None:
             o = self._decode(mixed, raw_gate, beta, fb)
         elif fb.mode == ForwardMode.EXTEND:
@@ -66,7 +99,7 @@ class KDAMixer(nn.Module):
             o = self._stateless(mixed, g, beta, fb) if fb.mem is None else self._extend(mixed, g, beta, fb)
         else:
             raise NotImplementedError(f"KDA forward mode {fb.mode}")
-        o = gated_rms_norm(o, self.output_gate(x).view(T, H, K), self.o_norm.weight, self.eps)
+        o = gated_rms_norm(o, gate.view(T, H, K), self.o_norm.weight, self.eps)
         return self.o_proj(o.reshape(T, H * K))
 
     def _qkv(self, y: torch.Tensor):
@@ -78,6 +111,12 @@ class KDAMixer(nn.Module):
     def _stateless(self, mixed, g, beta, fb):
         cu = fb.cu_seqlens
         w = self.conv_weight()
+        if fb.training and fb.equal_lengths and self.lower_bound is not None:
+            B, L = fb.batch_size, fb.extend_lens[0]
+            q, k, v = self._qkv(kda_ops.causal_conv1d(mixed.view(B, L, -1), w, None)[0])
+            o = kda_ops.chunked_factored(q, k, v, g.view(B, L, *g.shape[1:]), beta.view(B, L, -1),
+                                        min_gate=self.lower_bound)
+            return o.reshape(B * L, *o.shape[2:])
         y = torch.cat([kda_ops.causal_conv1d(mixed[None, a:b], w, None)[0][0] for a, b in zip(cu[:-1], cu[1:])])
         q, k, v = self._qkv(y)
         o, _ = kda_ops.chunked(q, k, v, g, beta, cu_seqlens=cu)
@@ -120,3 +159,10 @@ class KDAMixer(nn.Module):
         return kda_ops.decode(mixed, self.conv_weight(), fb.mem.conv_state(self.layer_id),
                               fb.mem.ssm_state(self.layer_id), fb.state_slots, raw_gate, self.A_log, self.dt_bias,
                               self.lower_bound, beta, self.head_dim**-0.5)
+
+
+def fused_slice(first: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """The columns from `first` to `last` of one GEMM output as a strided view (rows keep the output's stride)."""
+    base = first.storage_offset()
+    width = last.storage_offset() + last.shape[-1] - base
+    return first.as_strided((first.shape[0], width), (first.stride(0), 1), base)

@@ -1,11 +1,12 @@
 """NoPE MLA: latent KV attention without rotary embedding, optional q LoRA and sigmoid output gate."""
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kestrel.models.config import K3Config
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode
-from kestrel.models.layers.linear import Linear
+from kestrel.models.layers.linear import FusedLinears, Linear
 from kestrel.models.layers.norm import RMSNorm
 from kestrel.ops import mla as mla_ops
 from kestrel.ops.mla.reference import mla_absorbed_attention
@@ -35,18 +36,32 @@ class MLAMixer(nn.Module):
             self.g_proj = Linear(D, H * self.v_dim, dtype=dtype)
         self.scale = qk**-0.5
 
-    def query(self, x: torch.Tensor) -> torch.Tensor:
-        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if hasattr(self, "q_b_proj") else self.q_proj(x)
+    def query(self, x: torch.Tensor, q_a: torch.Tensor | None = None) -> torch.Tensor:
+        if hasattr(self, "q_b_proj"):
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x) if q_a is None else q_a))
+        else:
+            q = self.q_proj(x) if q_a is None else q_a
         return q.view(x.shape[0], self.num_heads, self.nope + self.rope)
 
-    def latent(self, x: torch.Tensor) -> torch.Tensor:
+    def latent(self, x: torch.Tensor, kv_a: torch.Tensor | None = None) -> torch.Tensor:
         """What the cache holds per token: [RMSNorm(c_kv) | k_r], [T, rank + rope]."""
-        c_kv, k_r = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], dim=-1)
+        c_kv, k_r = (self.kv_a_proj_with_mqa(x) if kv_a is None else kv_a).split([self.rank, self.rope], dim=-1)
         return torch.cat([self.kv_a_layernorm(c_kv), k_r], dim=-1)
+
+    @torch.no_grad()
+    def fuse_projections(self) -> None:
+        """Serve the projections of x (q_a or q, kv_a, output gate) with one GEMM (inference; no memory duplicated)."""
+        q = self.q_a_proj if hasattr(self, "q_a_proj") else self.q_proj
+        self._fused = FusedLinears(q, self.kv_a_proj_with_mqa, *([self.g_proj] if hasattr(self, "g_proj") else []))
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """x: the normalised mixer input [T, D]."""
-        q, latent = self.query(x), self.latent(x)
+        fused = getattr(self, "_fused", None)
+        q_a = kv_a = gate = None
+        if fused is not None and fused.valid():
+            q_a, kv_a, *rest = fused(x)
+            gate = rest[0] if rest else None
+        q, latent = self.query(x, q_a), self.latent(x, kv_a)
         if fb.mem is not None:
             buf = fb.mem.kv_buffer(self.layer_id)
             buf.view(-1, buf.shape[-1])[fb.out_cache_loc] = latent.to(buf.dtype)
@@ -56,18 +71,30 @@ class MLAMixer(nn.Module):
             o = self._per_sequence(q, latent, fb)
         o = o.reshape(x.shape[0], -1)  # [T, H * v_dim]
         if hasattr(self, "g_proj"):
-            o = o * torch.sigmoid(self.g_proj(x))
+            o = o * torch.sigmoid(self.g_proj(x) if gate is None else gate)
         return self.o_proj(o)
 
     def _decode(self, q, buf, fb):
         w_uk, w_uv = self._kv_b()
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
         q_lat = torch.einsum("thd,hdr->thr", q_nope, w_uk)
-        seq_lens = torch.tensor(fb.seq_lens, device=q.device)
+        # NOTE: a CUDA graph cannot build seq_lens from the host list mid-capture: runners pass fb.seq_lens_t
+        seq_lens = fb.seq_lens_t if fb.seq_lens_t is not None else torch.tensor(fb.seq_lens, device=q.device)
         out_lat, _ = mla_ops.decode_paged(q_lat, q_rope, buf, fb.page_table, seq_lens, self.rank, self.scale)
         return torch.einsum("thr,hvr->thv", out_lat.to(q.dtype), w_uv)
 
+    def _batched_training(self, q, latent, fb):
+        B, L, H = fb.batch_size, fb.extend_lens[0], self.num_heads
+        kv = self.kv_b_proj(latent[:, : self.rank]).view(B, L, H, self.nope + self.v_dim)
+        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
+        k = torch.cat([k_nope, latent[:, None, self.rank :].view(B, L, 1, self.rope).expand(B, L, H, self.rope)], -1)
+        o = F.scaled_dot_product_attention(q.view(B, L, H, -1).transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           is_causal=True, scale=self.scale)
+        return o.transpose(1, 2).reshape(B * L, H, self.v_dim)
+
     def _per_sequence(self, q, latent, fb):
+        if fb.training and fb.equal_lengths and fb.mem is None:
+            return self._batched_training(q, latent, fb)
         absorbed = fb.mode == ForwardMode.VERIFY
         outs, cu = [], fb.cu_seqlens
         buf = fb.mem.kv_buffer(self.layer_id) if fb.mem is not None else None

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kestrel.models.config import K3Config
-from kestrel.models.layers.linear import ExpertWeights, Linear
+from kestrel.models.layers.linear import ExpertWeights, FusedLinears, Linear
 from kestrel.models.layers.norm import RMSNorm
 from kestrel.ops import moe as moe_ops
 from kestrel.ops.moe import Activation
@@ -24,8 +24,18 @@ class DenseFFN(nn.Module):
         self.down_proj = Linear(inter, hidden, dtype=dtype)
         self.act = act
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x), self.up_proj(x)))
+    @torch.no_grad()
+    def fuse_projections(self) -> None:
+        """gate and up projections as one GEMM (inference; no memory duplicated)."""
+        self._fused = FusedLinears(self.gate_proj, self.up_proj)
+
+    def forward(self, x: torch.Tensor, gate_up: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """gate_up: the two input projections when a caller already computed them (a fused front-end GEMM)."""
+        fused = getattr(self, "_fused", None)
+        if gate_up is None and fused is not None and fused.valid():
+            gate_up = fused(x)
+        a, b = gate_up if gate_up is not None else (self.gate_proj(x), self.up_proj(x))
+        return self.down_proj(moe_ops.activate(self.act, a, b))
 
 
 class Router(nn.Module):
@@ -63,14 +73,25 @@ class MoE(nn.Module):
         if cfg.num_shared_experts:
             self.shared_experts = DenseFFN(D, cfg.moe_intermediate_size * cfg.num_shared_experts, self.act, dtype)
 
+    @torch.no_grad()
+    def fuse_projections(self) -> None:
+        """The latent down projection and the shared experts' gate and up as one GEMM (the MoE front end)."""
+        if hasattr(self, "routed_expert_down_proj") and hasattr(self, "shared_experts"):
+            se = self.shared_experts
+            self._fused = FusedLinears(self.routed_expert_down_proj, se.gate_proj, se.up_proj)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)  # routing reads x, not the latent
-        h = self.routed_expert_down_proj(x) if hasattr(self, "routed_expert_down_proj") else x
+        fused, shared_in = getattr(self, "_fused", None), None
+        if fused is not None and fused.valid():
+            h, *shared_in = fused(x)
+        else:
+            h = self.routed_expert_down_proj(x) if hasattr(self, "routed_expert_down_proj") else x
         y = moe_ops.experts(h, self.experts, weights, ids, self.act)
         if hasattr(self, "routed_expert_norm"):
             y = self.routed_expert_norm(y)
         if hasattr(self, "routed_expert_up_proj"):
             y = self.routed_expert_up_proj(y)
         if hasattr(self, "shared_experts"):
-            y = y + self.shared_experts(x)
+            y = y + self.shared_experts(x, shared_in)
         return y

@@ -52,3 +52,30 @@ class ExpertWeights(nn.Module):
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, {self.hidden} <-> {self.inter}, mxfp4={self.quantized}"
+
+
+class FusedLinears:
+    """Several Linear layers over the same input served by one GEMM, without duplicating memory: their weights are
+    moved into one [sum(out), in] buffer and each layer's parameter becomes a view of its rows (state_dict, loading
+    and the unfused forward keep working). `valid()` checks that nothing re-homed a weight since (a loader or an
+    adapter swap); callers fall back to the separate layers when it returns False.
+    """
+
+    def __init__(self, *linears: Linear):
+        w0 = linears[0].weight
+        assert all(l.bias is None and l.in_features == linears[0].in_features for l in linears)
+        self.linears = linears
+        self.sizes = [l.out_features for l in linears]
+        self.weight = torch.empty(sum(self.sizes), w0.shape[1], dtype=w0.dtype, device=w0.device)
+        off = 0
+        for l, n in zip(linears, self.sizes):
+            self.weight[off : off + n].copy_(l.weight.data)
+            l.weight.data = self.weight[off : off + n]
+            off += n
+        self._ptrs = [l.weight.data_ptr() for l in linears]
+
+    def valid(self) -> bool:
+        return [l.weight.data_ptr() for l in self.linears] == self._ptrs
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return list(F.linear(x, self.weight).split(self.sizes, dim=-1))

@@ -8,3 +8,9 @@ def attn_res(values, w, eps: float):
     """See reference.attn_res."""
     fn = kernel(__name__ + ".triton", "attn_res", values[0]) or reference.attn_res
     return fn(values, w, eps)
+
+
+def attn_res_norm(values, w, eps: float, norm_weight, norm_eps: float):
+    """See reference.attn_res_norm (one kernel on GPU)."""
+    fn = kernel(__name__ + ".triton", "attn_res_norm", values[0]) or reference.attn_res_norm
+    return fn(values, w, eps, norm_weight, norm_eps)

@@ -16,3 +16,11 @@ def attn_res(values: list[torch.Tensor], w: torch.Tensor, eps: float) -> torch.T
     keys = V * torch.rsqrt(V.pow(2).mean(-1, keepdim=True) + eps)
     p = torch.softmax(keys @ w.to(dt), dim=0)  # [n+1, T]
     return (p.unsqueeze(-1) * V).sum(0).to(values[0].dtype)
+
+
+def attn_res_norm(values: list[torch.Tensor], w: torch.Tensor, eps: float, norm_weight: torch.Tensor, norm_eps: float):
+    """(h, rms_norm(h, norm_weight, norm_eps)) with h = attn_res(values, w, eps): aggregation fused with the pre-norm."""
+    from kestrel.ops.norm.reference import rms_norm
+
+    h = attn_res(values, w, eps)
+    return h, rms_norm(h, norm_weight, norm_eps)

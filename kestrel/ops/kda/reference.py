@@ -168,8 +168,7 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, tail: torch.Tensor | No
 
     x [N, L, C]; weight [C, W]; tail [N, W - 1, C] (the previous W - 1 inputs; None = zeros).
     Returns (y [N, L, C], window [N, W - 1 + L, C]); the new tail after token j is window[:, j + 1 : j + W].
-    The taps are summed in a fixed order whatever L is, so a token's output does not depend on how many
-    tokens share the call (verify and decode agree bit for bit).
+    The taps are summed in a fixed order whatever L is (vectorised SiLU may still round differently by length).
     """
     N, L, C = x.shape
     W = weight.shape[1]
@@ -194,4 +193,50 @@ def kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_b
     state = ssm[slots]
     o = kda_step(state, l2norm(q), l2norm(k), v, g, beta, scale)
     ssm[slots] = state
+    return o.to(v.dtype)
+
+
+def kda_chunked_factored(q, k, v, g, beta, scale: float | None = None, chunk_size: int = 16, min_gate: float = -5.0):
+    """Training form of chunked KDA: equal-length batch [B, T, H, *], zero initial state, matmul-only intra-chunk.
+
+    exp(gc_i - gc_j) is factored as exp(gc_i - m) * exp(m - gc_j) around each chunk's middle cumulative gate m,
+    which is finite only while |gc - m| stays far below fp32's exp limit (~88): with gates bounded below by
+    min_gate (the safe gate's lower bound) and chunk_size 16, |gc - m| <= 8 * |min_gate| = 40. Differentiable;
+    computed in fp32 (fp64 for fp64 inputs). Returns o [B, T, H, V] in v's dtype.
+    """
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    C = chunk_size
+    assert C * abs(min_gate) / 2 < 60, "factored chunks would overflow: use a smaller chunk_size"
+    scale = K**-0.5 if scale is None else scale
+    dt = state_dtype_for(v.dtype)
+    pad = (-T) % C
+    q, k, v, g, beta = (F.pad(t.to(dt), (0, 0) * (t.dim() - 2) + (0, pad)) if t.dim() == 3 else
+                        F.pad(t.to(dt), (0, 0, 0, 0, 0, pad)) for t in (q, k, v, g, beta))
+    N = (T + pad) // C
+    # [B, H, N, C, *]
+    q, k, v, g = (t.reshape(B, N, C, H, -1).permute(0, 3, 1, 2, 4) for t in (q, k, v, g))
+    beta = beta.reshape(B, N, C, H).permute(0, 3, 1, 2).unsqueeze(-1)
+    gc = g.cumsum(-2)
+    mid = gc[..., C // 2 : C // 2 + 1, :]
+    k_in, k_out = k * torch.exp(gc - mid), k * torch.exp(mid - gc)
+    strict = torch.tril(torch.ones(C, C, dtype=torch.bool, device=q.device), -1)
+    incl = torch.tril(torch.ones(C, C, dtype=torch.bool, device=q.device))
+    A = (k_in @ k_out.transpose(-1, -2)).masked_fill(~strict, 0) * beta
+    Qk = ((q * scale * torch.exp(gc - mid)) @ k_out.transpose(-1, -2)).masked_fill(~incl, 0)
+    lower = torch.eye(C, dtype=dt, device=q.device) + A
+    # both right-hand sides at once: W for the state-dependent part, U0 for the values
+    rhs = torch.cat([beta * k * torch.exp(gc), beta * v], dim=-1)
+    sol = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
+    Wk, U0 = sol[..., :K], sol[..., K:]
+    q_dec = q * scale * torch.exp(gc)
+    g_last = gc[..., -1:, :]
+    k_tail = k * torch.exp(g_last - gc)
+    state = torch.zeros(B, H, K, V, dtype=dt, device=q.device)
+    outs = []
+    for n in range(N):
+        u = U0[:, :, n] - Wk[:, :, n] @ state
+        outs.append(q_dec[:, :, n] @ state + Qk[:, :, n] @ u)
+        state = torch.exp(g_last[:, :, n]).transpose(-1, -2) * state + k_tail[:, :, n].transpose(-1, -2) @ u
+    o = torch.stack(outs, 2).permute(0, 2, 3, 1, 4).reshape(B, N * C, H, V)[:, :T]
     return o.to(v.dtype)

@@ -18,3 +18,9 @@ def experts(x, experts_weights, weights, ids, act):
         return fn(x, experts_weights, weights, ids, act)
     e = experts_weights
     return reference.moe_experts(x, e.dense("w1", x.dtype), e.dense("w2", x.dtype), e.dense("w3", x.dtype), weights, ids, act)
+
+
+def activate(act, a, b):
+    """act(a, b) (SiTU or SwiGLU) in one kernel on GPU; see reference.Activation."""
+    fn = kernel(__name__ + ".triton", "activate", a)
+    return fn(act, a, b) if fn is not None else act(a, b)

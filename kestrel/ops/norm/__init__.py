@@ -12,3 +12,9 @@ def rms_norm(x, weight, eps: float):
 def gated_rms_norm(x, gate, weight, eps: float):
     fn = kernel(__name__ + ".triton", "gated_rms_norm", x) or reference.gated_rms_norm
     return fn(x, gate, weight, eps)
+
+
+def add_rms_norm(x, residual, weight, eps: float):
+    """(x + residual, rms_norm(x + residual)) in one pass on GPU."""
+    fn = kernel(__name__ + ".triton", "add_rms_norm", x) or reference.add_rms_norm
+    return fn(x, residual, weight, eps)

@@ -18,3 +18,9 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     xf = x.to(dt)
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.to(dt)
     return (y * torch.sigmoid(gate.to(dt))).to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    """(s, rms_norm(s, weight, eps)) with s = x + residual: the residual add fused with the next pre-norm."""
+    s = x + residual
+    return s, rms_norm(s, weight, eps)

@@ -1,0 +1,232 @@
+"""Decode ladder on k3-mini (random bf16 weights): tokens/s per optimisation stage against the bandwidth floor and
+Hugging Face transformers' KimiLinear eager decode, then whole-model decode throughput vs batch size.
+
+  PYTHONPATH=. python benchmarks/decode_ladder.py [--ctx 1024] [--out DIR]
+
+The decode loop drives KVPool / StatePool / Memory and ForwardBatch(DECODE) directly (no scheduler). Each stage
+is timed at batch 1 with CUDA events (median). The floor is the bytes one decode step must move (active weights:
+every dense weight, the routed experts actually chosen, the embedding row; KDA state and conv tails read and
+written; the MLA latents read) over the measured device-to-device copy bandwidth.
+"""
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import Log, copy_bandwidth, cuda_time, init_random_cuda, stamp  # noqa: E402
+from kestrel.engine.cuda_graph import DecodeGraphRunner  # noqa: E402
+from kestrel.mem.pools import KVPool, Memory, StatePool  # noqa: E402
+from kestrel.models.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
+from kestrel.models.k3 import K3ForCausalLM  # noqa: E402
+from kestrel.models.presets import kimi_linear_subset, preset_config  # noqa: E402
+from kestrel.ops import reference_ops  # noqa: E402
+
+DT = torch.bfloat16
+
+
+def active_bytes(model, top_k: int, num_experts: int) -> int:
+    """Weight bytes one token reads: routed experts count k/E of their tensors, the embedding one row."""
+    total = 0
+    for name, p in model.named_parameters():
+        n = p.numel() * p.element_size()
+        if "embed_tokens" in name:
+            n = p.shape[-1] * p.element_size()
+        elif "experts" in name and "shared" not in name and p.dim() == 3:
+            n = n * top_k // num_experts
+        total += n
+    for name, b in model.named_buffers():
+        total += b.numel() * b.element_size()
+    return total
+
+
+def state_bytes(cfg, ctx: int) -> int:
+    """KDA state + conv tails read and written, MLA latents read, per sequence per step."""
+    kda = len(cfg.kda_layer_ids) * (cfg.linear_num_heads * cfg.linear_head_dim**2 * 4
+                                    + (cfg.short_conv_kernel_size - 1) * cfg.conv_dim * 2) * 2
+    return kda + len(cfg.mla_layer_ids) * (ctx + 1) * cfg.kv_latent_dim * 2
+
+
+class DecodeSetup:
+    """Pools with `batch` live sequences of `ctx` cached tokens (random latents and states) and their batches."""
+
+    def __init__(self, cfg, batch: int, ctx: int, page_size: int):
+        self.cfg, self.batch, self.ctx, self.ps = cfg, batch, ctx, page_size
+        pages_per_seq = -(-(ctx + 1) // page_size)
+        self.kv = KVPool(cfg, batch * pages_per_seq + 1, page_size, DT, "cuda")
+        self.st = StatePool(cfg, batch + 1, DT, "cuda")
+        self.mem = Memory(self.kv, self.st)
+        for b in self.kv.buffers.values():
+            b.normal_()
+        for t in list(self.st.conv.values()) + list(self.st.ssm.values()):
+            t.normal_(std=0.05)
+        pages = [self.kv.pages.alloc(pages_per_seq) for _ in range(batch)]
+        self.slots = torch.tensor(self.st.slots.alloc(batch), device="cuda")
+        self.page_table = torch.tensor(pages, dtype=torch.int32, device="cuda")
+        pos = ctx
+        self.loc = torch.tensor([p[pos // page_size] * page_size + pos % page_size for p in pages], device="cuda")
+        self.ids = torch.randint(3, cfg.vocab_size, (batch,), device="cuda")
+
+    def batch_fb(self) -> ForwardBatch:
+        B = self.batch
+        return ForwardBatch(ForwardMode.DECODE, self.ids, torch.full((B,), self.ctx, device="cuda"), [1] * B,
+                            [self.ctx] * B, mem=self.mem, page_table=self.page_table, out_cache_loc=self.loc,
+                            state_slots=self.slots,
+                            seq_lens_t=torch.full((B,), self.ctx + 1, dtype=torch.int32, device="cuda"))
+
+
+def build_model(cfg, seed=0):
+    with torch.device("cuda"):
+        model = K3ForCausalLM(cfg, dtype=DT)
+    init_random_cuda(model, seed)
+    return model.eval()
+
+
+@torch.no_grad()
+def ladder(cfg, model, args, log, floor_s):
+    rows = []
+    setup = DecodeSetup(cfg, 1, args.ctx, args.page_size)
+    fb = setup.batch_fb()
+
+    def stage(name, fn, iters):
+        t = cuda_time(fn, warmup=2, iters=iters)
+        rows.append((name, t, 1 / t, floor_s / t))
+        log(f"stage {name:<44} {t * 1e3:8.3f} ms/step {1 / t:8.1f} tok/s  floor fraction {floor_s / t:6.1%}")
+
+    with reference_ops():
+        stage("eager, reference ops", lambda: model(fb), 5)
+    stage("eager, Triton kernels", lambda: model(fb), 10)
+    runner = DecodeGraphRunner(model, setup.mem, batch_sizes=(1,), max_pages_per_seq=setup.page_table.shape[1])
+    runner.capture()
+    stage("CUDA graph, Triton kernels", lambda: runner.run(fb), 50)
+    # check the graph reproduces the eager step (same state in, same logits out)
+    snap = [t.clone() for t in setup.st.ssm.values()]
+    eager = model(fb).logits.float()
+    for t, s in zip(setup.st.ssm.values(), snap):
+        t.copy_(s)
+    graphed = runner.run(fb).logits.float()
+    log(f"graph vs eager logits rel err {((graphed - eager).norm() / eager.norm()).item():.2e}")
+    del runner
+    model.fuse_projections()
+    stage("eager, + fused projection GEMMs", lambda: model(fb), 10)
+    runner = DecodeGraphRunner(model, setup.mem, batch_sizes=(1,), max_pages_per_seq=setup.page_table.shape[1])
+    runner.capture()
+    stage("CUDA graph, + fused projection GEMMs", lambda: runner.run(fb), 50)
+    del runner, setup
+    return rows
+
+
+@torch.no_grad()
+def batch_sweep(cfg, model, args, log):
+    rows = []
+    sizes = [int(b) for b in args.batches.split(",")]
+    for B in sizes:
+        setup = DecodeSetup(cfg, B, args.ctx, args.page_size)
+        fb = setup.batch_fb()
+        runner = DecodeGraphRunner(model, setup.mem, batch_sizes=(B,), max_pages_per_seq=setup.page_table.shape[1])
+        runner.capture()
+        t = cuda_time(lambda: runner.run(fb), warmup=2, iters=20)
+        rows.append((B, t, B / t))
+        log(f"batch {B:4d}: {t * 1e3:8.3f} ms/step  {B / t:10.1f} tok/s")
+        del runner, setup
+        gc.collect()
+        torch.cuda.empty_cache()
+    return rows
+
+
+@torch.no_grad()
+def hf_baseline(cfg, args, log, bw):
+    """transformers' KimiLinearForCausalLM, eager decode at batch 1, the Kimi-Linear subset of the same sizes."""
+    from transformers import KimiLinearConfig, KimiLinearForCausalLM
+
+    from kestrel.models.config import _ALIASES
+
+    sub = kimi_linear_subset(cfg)
+    d = sub.to_hf_dict()
+    names = {f.name for f in dataclasses.fields(KimiLinearConfig)}
+    inv = {v: k for k, v in _ALIASES.items()}
+    kw = {inv.get(k, k): v for k, v in d.items() if inv.get(k, k) in names}
+    hc = KimiLinearConfig(**kw, linear_attn_config=d["linear_attn_config"], first_k_dense_replace=sub.first_k_dense_replace)
+    torch.manual_seed(0)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(DT)
+    with torch.device("cuda"):
+        m = KimiLinearForCausalLM(hc)
+    torch.set_default_dtype(old)
+    m = m.to(DT).eval()
+    ids = torch.randint(3, cfg.vocab_size, (1, args.hf_prompt), device="cuda")
+    out = m(input_ids=ids, use_cache=True)
+    cache = out.past_key_values
+    tok = out.logits[:, -1:].argmax(-1)
+
+    def step():
+        nonlocal cache, tok
+        o = m(input_ids=tok, past_key_values=cache, use_cache=True)
+        cache, tok = o.past_key_values, o.logits[:, -1:].argmax(-1)
+
+    t = cuda_time(step, warmup=2, iters=10)
+    nbytes = active_bytes(m, sub.num_experts_per_token, sub.num_experts) + state_bytes(sub, args.hf_prompt)
+    log(f"HF KimiLinear eager decode (Kimi-Linear subset, prompt {args.hf_prompt}): {t * 1e3:.3f} ms/step "
+        f"{1 / t:.1f} tok/s; its floor {nbytes / bw * 1e3:.3f} ms -> fraction {nbytes / bw / t:.1%}")
+    del m, cache
+    gc.collect()
+    torch.cuda.empty_cache()
+    return t, nbytes / bw
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="k3-mini")
+    ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--page-size", type=int, default=64)
+    ap.add_argument("--batches", default="1,2,4,8,16,32,64,128,256")
+    ap.add_argument("--hf-prompt", type=int, default=64)
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--skip-sweep", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    log = Log(os.path.join(args.out, "decode_ladder.log") if args.out else None)
+    log(f"# decode ladder {stamp()} on {torch.cuda.get_device_name()} torch {torch.__version__}")
+    bw = copy_bandwidth()
+    log(f"device-to-device copy bandwidth: {bw / 1e12:.2f} TB/s (read + write)")
+    cfg = preset_config(args.preset)
+    model = build_model(cfg)
+    nbytes = active_bytes(model, cfg.num_experts_per_token, cfg.num_experts) + state_bytes(cfg, args.ctx)
+    floor_s = nbytes / bw
+    log(f"{args.preset}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f} B params; batch-1 step moves "
+        f"{nbytes / 1e9:.3f} GB -> floor {floor_s * 1e3:.3f} ms ({1 / floor_s:.0f} tok/s), ctx {args.ctx}")
+    rows = ladder(cfg, model, args, log, floor_s)
+    sweep = [] if args.skip_sweep else batch_sweep(cfg, model, args, log)
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    hf = None
+    if not args.skip_hf:
+        try:
+            hf = hf_baseline(cfg, args, log, bw)
+        except Exception as e:  # the baseline is a reference only: report and go on
+            log(f"HF baseline failed: {type(e).__name__}: {e}")
+    log("\n| stage (batch 1, k3-mini, ctx %d) | ms/step | tok/s | fraction of floor |" % args.ctx)
+    log("|---|---|---|---|")
+    log(f"| bandwidth floor ({nbytes / 1e9:.2f} GB / {bw / 1e12:.2f} TB/s) | {floor_s * 1e3:.3f} | {1 / floor_s:.0f} | 100% |")
+    for name, t, tps, frac in rows:
+        log(f"| {name} | {t * 1e3:.3f} | {tps:.1f} | {frac:.1%} |")
+    if hf:
+        log(f"| HF KimiLinear eager (Kimi-Linear subset) | {hf[0] * 1e3:.3f} | {1 / hf[0]:.1f} | {hf[1] / hf[0]:.1%} of its own floor |")
+    if sweep:
+        log("\n| batch | ms/step | tok/s |")
+        log("|---|---|---|")
+        for B, t, tps in sweep:
+            log(f"| {B} | {t * 1e3:.3f} | {tps:.0f} |")
+    if args.out:
+        with open(os.path.join(args.out, "decode_ladder.json"), "w") as f:
+            json.dump({"floor_s": floor_s, "bw": bw, "bytes": nbytes, "stages": rows, "sweep": sweep, "hf": hf}, f)
+
+
+if __name__ == "__main__":
+    main()

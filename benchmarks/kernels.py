@@ -1,0 +1,188 @@
+"""Kernel table: Kestrel's Triton kernels against flash-linear-attention (chunk_kda, fused_recurrent_kda) and
+torch, on k3-mini / K3 kernel shapes. Prints a markdown table last.
+
+  PYTHONPATH=. python benchmarks/kernels.py [--out DIR] [--quick]
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import Log, cuda_time, graph_time, stamp  # noqa: E402
+from kestrel.ops.kda import reference as kref  # noqa: E402
+from kestrel.ops.kda import triton as kda_t  # noqa: E402
+from kestrel.ops.mla import triton as mla_t  # noqa: E402
+from kestrel.ops.moe import reference as moe_ref  # noqa: E402
+from kestrel.ops.moe import triton as moe_t  # noqa: E402
+
+BF = torch.bfloat16
+ROWS = []
+
+
+def row(log, name, shape, ours, other=None, other_name="", note=""):
+    ratio = f"{other / ours:.2f}x" if other else ""
+    ROWS.append((name, shape, ours, other_name, other, ratio, note))
+    log(f"{name:<24} {shape:<34} ours {ours * 1e6:9.1f} us  {other_name} {other * 1e6 if other else 0:9.1f} us "
+        f"{ratio} {note}")
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def bench_chunk(log, fla, quick):
+    lens = [1000, 3000, 192, 4000]  # T = 8192, varlen
+    cu = [0]
+    for L in lens:
+        cu.append(cu[-1] + L)
+    T, N = cu[-1], len(lens)
+    for H in ([16] if quick else [16, 32, 96]):
+        K = V = 128
+        q = kref.l2norm(torch.randn(T, H, K, device="cuda")).to(BF)
+        k = kref.l2norm(torch.randn(T, H, K, device="cuda")).to(BF)
+        v = torch.randn(T, H, V, device="cuda").to(BF)
+        g = -5 * torch.rand(T, H, K, device="cuda")  # safe gates down to the bound
+        beta = torch.rand(T, H, device="cuda")
+        h0 = torch.randn(N, H, K, V, device="cuda") * 0.1
+        ours = cuda_time(lambda: kda_t.kda_chunked(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0), iters=10)
+        o, f = kda_t.kda_chunked(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0)
+        other, note = None, ""
+        if fla is not None:
+            cu_t = torch.tensor(cu, device="cuda", dtype=torch.long)
+            for safe in (False, True):
+                def run():
+                    return fla.chunk_kda(q[None], k[None], v[None], g[None], beta[None], scale=K**-0.5,
+                                         initial_state=h0, output_final_state=True, cu_seqlens=cu_t, safe_gate=safe,
+                                         lower_bound=-5.0 if safe else None)
+                try:
+                    t = cuda_time(run, iters=10)
+                    fo, ff = run()
+                    note += f" fla{'(safe_gate)' if safe else ''} {t * 1e6:.0f}us, o vs fla {rel(o, fo[0]):.1e};"
+                    other = t if other is None else min(other, t)
+                except Exception as e:
+                    note += f" fla safe={safe} failed: {type(e).__name__}: {str(e)[:80]};"
+        row(log, "kda_chunked", f"T=8192 varlen({N}) H={H} K=V=128", ours, other, "fla chunk_kda(best)", note)
+
+
+def bench_decode(log, fla, quick):
+    H, K, W = 16, 128, 4
+    for B in ([1, 32] if quick else [1, 4, 16, 64, 256]):
+        S = B + 1
+        mixed = torch.randn(B, 3 * H * K, device="cuda").to(BF)
+        cw = (torch.randn(3 * H * K, W, device="cuda") * 0.5).to(BF)
+        conv = torch.randn(S, W - 1, 3 * H * K, device="cuda").to(BF)
+        ssm = torch.randn(S, H, K, K, device="cuda") * 0.1
+        slots = torch.arange(1, B + 1, device="cuda")
+        raw = torch.randn(B, H, K, device="cuda").to(BF)
+        A, dtb, beta = torch.randn(H, device="cuda"), torch.randn(H * K, device="cuda"), torch.rand(B, H, device="cuda")
+
+        def ours_fn():
+            return kda_t.kda_decode(mixed, cw, conv, ssm, slots, raw, A, dtb, -5.0, beta, K**-0.5)
+
+        ours = cuda_time(ours_fn, iters=50)
+        note = f"graph {graph_time(ours_fn) * 1e6:.1f}us/step (incl. conv, gate, l2norm)"
+        other = None
+        if fla is not None:
+            qkv = mixed.view(B, 1, 3, H, K)
+            st = ssm[1:].contiguous()
+            try:
+                def fla_fn():
+                    return fla.fused_recurrent_kda(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], raw.view(B, 1, H, K),
+                                                   beta.view(B, 1, H), A_log=A, dt_bias=dtb, scale=K**-0.5,
+                                                   initial_state=st, output_final_state=True,
+                                                   use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                                                   lower_bound=-5.0)
+                other = cuda_time(fla_fn, iters=50)
+                note += f"; fla graph {graph_time(fla_fn) * 1e6:.1f}us (no conv)"
+            except Exception as e:
+                note += f"; fla failed: {type(e).__name__}: {str(e)[:80]}"
+        row(log, "kda_decode", f"B={B} H=16 K=V=128", ours, other, "fla fused_recurrent_kda", note)
+
+
+def bench_mla(log, quick):
+    H, R, DR, PS = 16, 512, 64, 64
+    for B, ctx in ([(1, 1024), (32, 4096)] if quick else [(1, 1024), (1, 32768), (32, 4096), (128, 2048)]):
+        pages = -(-ctx // PS)
+        kv = torch.randn(B * pages + 1, PS, R + DR, device="cuda").to(BF)
+        pt = (torch.arange(B * pages, device="cuda").view(B, pages) + 1).int()
+        sl = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
+        ql, qr = torch.randn(B, H, R, device="cuda").to(BF), torch.randn(B, H, DR, device="cuda").to(BF)
+        t = cuda_time(lambda: mla_t.mla_decode_paged(ql, qr, kv, pt, sl, R, 0.07), iters=30)
+        gbs = B * ctx * (R + DR) * 2 / t / 1e9
+        row(log, "mla_decode_paged", f"B={B} ctx={ctx} H=16 page=64", t, note=f"{gbs:.0f} GB/s of latents")
+    for Tq in ([2048] if quick else [2048, 8192]):
+        H, DK, DV = 16, 192, 128
+        q = torch.randn(Tq, H, DK, device="cuda").to(BF)
+        k = torch.randn(Tq, H, DK, device="cuda").to(BF)
+        v = torch.randn(Tq, H, DV, device="cuda").to(BF)
+        t = cuda_time(lambda: mla_t.attention_with_lse(q, k, v, DK**-0.5, 0), iters=10)
+        sdpa = cuda_time(lambda: torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=DK**-0.5), iters=10)
+        flops = 2 * Tq * Tq * H * (DK + DV) / 2
+        row(log, "attention_with_lse", f"T={Tq} H=16 Dk=192 Dv=128 causal", t, sdpa, "torch SDPA (no lse)",
+            f"{flops / t / 1e12:.0f} TFLOP/s")
+
+
+def bench_moe(log, quick):
+    from kestrel.models.layers.linear import ExpertWeights
+    from kestrel.ops.mxfp4 import reference as mx
+
+    E, D, I, k = 128, 1024, 512, 8
+    act = moe_ref.Activation("situ", 4.0, 25.0)
+    for quant in (False, True):
+        ew = ExpertWeights(E, D, I, quant, BF).cuda()
+        with torch.no_grad():
+            for n, (o, i) in {"w1": (I, D), "w2": (D, I), "w3": (I, D)}.items():
+                w = torch.randn(E, o, i, device="cuda") / i**0.5
+                if quant:
+                    pk, sc = mx.quantize(w.flatten(0, 1))
+                    getattr(ew, n + "_packed").copy_(pk.view(E, o, -1))
+                    getattr(ew, n + "_scale").copy_(sc.view(E, o, -1))
+                else:
+                    getattr(ew, n).copy_(w)
+        for T in ([1, 256] if quick else [1, 8, 64, 512, 4096]):
+            x = torch.randn(T, D, device="cuda").to(BF)
+            wts, ids = moe_t.route(torch.randn(T, E, device="cuda"), None, k, True, 2.5)
+            t = cuda_time(lambda: moe_t.moe_experts(x, ew, wts, ids, act), iters=20)
+            nexp = int(torch.unique(ids).numel())
+            wbytes = nexp * 3 * D * I * (0.5 + 1 / 32 if quant else 2)
+            row(log, "moe_experts" + (" mxfp4" if quant else ""), f"T={T} E=128 k=8 {D}<->{I}", t,
+                note=f"{wbytes / t / 1e9:.0f} GB/s of expert weights ({nexp} experts)")
+    for T in (1, 256):
+        lg = torch.randn(T, 128, device="cuda")
+        bias = torch.randn(128, device="cuda") * 0.1
+        t = cuda_time(lambda: moe_t.route(lg, bias, 8, True, 2.5), iters=50)
+        tr = cuda_time(lambda: moe_ref.route(lg, bias, 8, True, 2.5), iters=50)
+        row(log, "route", f"T={T} E=128 k=8", t, tr, "torch reference")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    log = Log(os.path.join(args.out, "kernels.log") if args.out else None)
+    log(f"# kernels {stamp()} on {torch.cuda.get_device_name()} torch {torch.__version__}")
+    try:
+        import fla.ops.kda as fla
+    except Exception as e:
+        log(f"flash-linear-attention unavailable: {e}")
+        fla = None
+    for fn in (lambda: bench_decode(log, fla, args.quick), lambda: bench_chunk(log, fla, args.quick),
+               lambda: bench_mla(log, args.quick), lambda: bench_moe(log, args.quick)):
+        try:
+            fn()
+        except Exception as e:
+            log(f"section failed: {type(e).__name__}: {e}")
+    log("\n| kernel | shape | ours (us) | compared with | theirs (us) | speed-up | note |")
+    log("|---|---|---|---|---|---|---|")
+    for name, shape, ours, oname, other, ratio, note in ROWS:
+        log(f"| {name} | {shape} | {ours * 1e6:.1f} | {oname} | {other * 1e6 if other else 0:.1f} | {ratio} | {note} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""ServerArgs: the single source of flags and defaults (SGLang's names where one exists).
+
+argparse reads the fields and their help strings (`add_cli_args` / `from_cli`); derived values are properties.
+"""
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+
+import torch
+
+
+def _f(default, help: str, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    # model
+    model_path: str | None = _f(None, "checkpoint directory or preset name (k3-tiny, k3-small, k3-mini, ...); "
+                                      "default: the bundled k3-small", aliases=("--model",))
+    tokenizer_path: str | None = _f(None, "tokenizer directory (default: the model's)")
+    skip_tokenizer_init: bool = _f(False, "run on token ids alone (no tokenizer files needed)")
+    dtype: str = _f("auto", "auto, float32, bfloat16, float16 or float64 (auto: bfloat16 on GPU, float32 on CPU)")
+    device: str = _f("auto", "auto, cpu or cuda")
+    context_length: int | None = _f(None, "maximum tokens per request, prompt included (default: the model's)")
+    served_model_name: str | None = _f(None, "model name reported by the API (default: the model path's name)")
+    random_seed: int = _f(0, "seed for weights of random presets and for unseeded sampling")
+    # memory
+    page_size: int = _f(1, "tokens per MLA KV page (any value >= 1)")
+    max_total_tokens: int | None = _f(None, "MLA KV cache capacity in tokens (default: sized from free memory)")
+    max_state_slots: int | None = _f(None, "KDA state slots (default: sized from max_running_requests)")
+    mem_fraction_static: float = _f(0.85, "fraction of free GPU memory for weights and caches")
+    max_running_requests: int = _f(256, "maximum concurrently running requests")
+    # scheduling
+    chunked_prefill_size: int = _f(2048, "maximum prefill tokens per step (prompts are cut into chunks)")
+    disable_overlap_schedule: bool = _f(False, "run the CPU scheduler and the forward one after the other")
+    schedule_policy: str = _f("fcfs", "admission order: fcfs (first come, first served)")
+    # prefix cache
+    disable_radix_cache: bool = _f(False, "turn the prefix cache off")
+    state_track_interval: int = _f(256, "decode tokens between KDA state snapshots (a multiple of the grid)")
+    max_states_per_path: int = _f(4, "state checkpoints kept per root-to-leaf path of the prefix cache")
+    enable_unified_memory: bool = _f(False, "one byte pool for MLA KV pages and KDA state slots")
+    # speculative decoding
+    speculative_algorithm: str | None = _f(None, "dspark, or none")
+    speculative_draft_model_path: str | None = _f(None, "drafter checkpoint (default: the bundled drafter)")
+    speculative_num_draft_tokens: int = _f(7, "draft block size gamma")
+    # GPU
+    disable_cuda_graph: bool = _f(False, "run decode without CUDA graphs")
+    cuda_graph_max_bs: int = _f(256, "largest decode batch captured in a CUDA graph")
+    # server
+    host: str = _f("127.0.0.1", "address to bind (loopback unless told otherwise)")
+    port: int = _f(30000, "HTTP port")
+    api_key: str | None = _f(None, "require this key as 'Authorization: Bearer KEY'")
+    log_level: str = _f("info", "logging level")
+    enable_metrics: bool = _f(True, "serve Prometheus metrics at /metrics")
+
+    def __post_init__(self):
+        def need(name, ok, why):
+            if not ok:
+                raise ValueError(f"--{name.replace('_', '-')} = {getattr(self, name)!r}: {why}")
+
+        need("page_size", self.page_size >= 1, "must be >= 1")
+        need("chunked_prefill_size", self.chunked_prefill_size >= 1, "must be >= 1")
+        need("max_running_requests", self.max_running_requests >= 1, "must be >= 1")
+        need("dtype", self.dtype in ("auto", "float32", "bfloat16", "float16", "float64"), "unknown dtype")
+        need("device", self.device in ("auto", "cpu") or self.device.startswith("cuda"), "must be auto, cpu or cuda")
+        need("schedule_policy", self.schedule_policy == "fcfs", "only fcfs is implemented")
+        need("state_track_interval", self.state_track_interval >= 1, "must be >= 1")
+        need("max_states_per_path", self.max_states_per_path >= 1, "must be >= 1")
+        need("speculative_algorithm", self.speculative_algorithm in (None, "none", "dspark"), "dspark or none")
+        need("speculative_num_draft_tokens", self.speculative_num_draft_tokens >= 1, "must be >= 1")
+        need("context_length", self.context_length is None or self.context_length >= 2, "must be >= 2")
+        need("max_total_tokens", self.max_total_tokens is None or self.max_total_tokens >= 1, "must be >= 1")
+        need("max_state_slots", self.max_state_slots is None or self.max_state_slots >= 2, "must be >= 2")
+
+    # ---- derived values
+    @property
+    def resolved_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.resolved_device.type == "cuda" else torch.float32
+        return getattr(torch, self.dtype)
+
+    @property
+    def overlap(self) -> bool:
+        return not self.disable_overlap_schedule
+
+    @property
+    def speculative(self) -> bool:
+        return self.speculative_algorithm == "dspark"
+
+    def replace(self, **kw) -> "ServerArgs":
+        return dataclasses.replace(self, **kw)
+
+    @classmethod
+    def from_kwargs(cls, **kw) -> "ServerArgs":
+        """Engine(**kw) style: `model` is an alias of model_path; unknown names are errors that list them."""
+        if "model" in kw:
+            kw["model_path"] = kw.pop("model")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kw) - names)
+        if unknown:
+            raise TypeError(f"unknown server argument(s) {unknown}; see `kestrel serve --help`")
+        return cls(**kw)
+
+    # ---- command line
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in skip:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            names = [flag, *f.metadata.get("aliases", ())]
+            typ = hints[f.name]
+            base = next((a for a in typing.get_args(typ) if a is not type(None)), typ)
+            help_ = f"{f.metadata.get('help', '')} (default: {f.default})"
+            if base is bool:
+                parser.add_argument(*names, dest=f.name, action="store_true", default=f.default, help=help_)
+            else:
+                parser.add_argument(*names, dest=f.name, type=base, default=f.default, help=help_)
+
+    @classmethod
+    def from_cli(cls, args: argparse.Namespace) -> "ServerArgs":
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})

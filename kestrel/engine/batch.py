@@ -1,0 +1,45 @@
+"""The record the scheduler hands to the model runner for one forward: plain CPU data, no tensors on device.
+
+Built on the scheduler's thread while the previous batch still runs (overlap scheduling); the runner turns it
+into a ForwardBatch on the forward thread. A decode input whose token is not sampled yet is a future reference
+(`-(index + 1)` into the runner's future-token buffer), resolved on the device right before the forward.
+"""
+
+from dataclasses import dataclass, field
+
+from kestrel.engine.request import Req
+from kestrel.engine.sampler import SamplingState
+from kestrel.models.forward_batch import ForwardMode
+
+
+@dataclass
+class Batch:
+    mode: ForwardMode
+    reqs: list[Req]
+    input_ids: list[int]  # packed; negative entries are future references
+    extend_lens: list[int]
+    prefix_lens: list[int]
+    page_table: list[list[int]]
+    out_cache_loc: list[int]
+    state_slots: list[int]
+    # rows (indices into reqs) whose last token is fed now, so a token is sampled for them
+    sample_rows: list[int]
+    # where each sampled token goes in the future-token buffer, parallel to sample_rows
+    future_idx: list[int]
+    sampling_states: list[SamplingState]
+    want_logprobs: bool = False
+    top_logprobs_num: int = 0
+    # state movements ordered before (restores: src -> dst) and during (track) the forward
+    restores: list[tuple[int, int]] = field(default_factory=list)
+    track: list[tuple[int, int] | None] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class BatchResult:
+    tokens: list[int]  # one per sample row
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None

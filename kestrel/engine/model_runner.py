@@ -1,0 +1,103 @@
+"""The model runner: owns the model and the memory pools, turns a scheduler Batch into a forward and a sample.
+
+It decides nothing: the scheduler picks requests, pages and slots; the runner prepares tensors, executes the
+state movements and the forward in order on one thread (the serial forward stream), and samples.
+"""
+
+import concurrent.futures
+import logging
+
+import torch
+
+from kestrel.config import ServerArgs
+from kestrel.engine.batch import Batch, BatchResult
+from kestrel.engine.sampler import sample
+from kestrel.mem.pools import KVPool, Memory, StatePool
+from kestrel.models.forward_batch import ForwardBatch
+from kestrel.models.k3 import K3ForCausalLM
+
+log = logging.getLogger(__name__)
+
+CPU_DEFAULT_TOKENS = 1 << 17
+
+
+class ModelRunner:
+    def __init__(self, args: ServerArgs, model: K3ForCausalLM, slots_per_request: int):
+        self.args, self.model, self.cfg = args, model, model.cfg
+        self.device = model.lm_head.weight.device
+        self.dtype = model.dtype
+        self.mem = self._make_memory(slots_per_request)
+        # sampled tokens the next batch may read before the scheduler has seen them
+        self.future_size = 4 * args.max_running_requests + 16
+        self.future = torch.zeros(self.future_size, dtype=torch.long, device=self.device)
+
+    def _make_memory(self, slots_per_request: int) -> Memory:
+        a = self.args
+        ps = a.page_size
+        tokens = a.max_total_tokens or self._default_tokens()
+        kv = KVPool(self.cfg, -(-tokens // ps) + 1, ps, self.dtype, self.device)
+        slots = a.max_state_slots or a.max_running_requests * slots_per_request + 1
+        state = StatePool(self.cfg, slots, self.dtype, self.device)
+        log.info("memory: %d KV pages of %d tokens (%.1f MB), %d state slots (%.1f MB)", kv.num_pages - 1, ps,
+                 kv.bytes_per_page() * kv.num_pages / 1e6, slots - 1, state.bytes_per_slot() * slots / 1e6)
+        return Memory(kv, state)
+
+    def _default_tokens(self) -> int:
+        if self.device.type != "cuda":
+            return CPU_DEFAULT_TOKENS
+        free, _ = torch.cuda.mem_get_info(self.device)
+        per_token = self.cfg.kv_latent_dim * len(self.cfg.mla_layer_ids) * torch.finfo(self.dtype).bits // 8
+        return max(4096, int(free * self.args.mem_fraction_static * 0.5) // max(per_token, 1))
+
+    @torch.inference_mode()
+    def run(self, b: Batch) -> BatchResult:
+        dev = self.device
+        ids = torch.tensor(b.input_ids, dtype=torch.long, device=dev)
+        if min(b.input_ids) < 0:
+            ids = torch.where(ids < 0, self.future[(-ids - 1).clamp_min(0)], ids)
+        for src, dst in b.restores:
+            self.mem.state.copy(src, dst)
+        positions = torch.cat([torch.arange(p, p + n) for p, n in zip(b.prefix_lens, b.extend_lens)]).to(dev)
+        width = max(len(row) for row in b.page_table)
+        table = torch.tensor([row + [0] * (width - len(row)) for row in b.page_table], dtype=torch.int32, device=dev)
+        cu = [0]
+        for n in b.extend_lens:
+            cu.append(cu[-1] + n)
+        fb = ForwardBatch(
+            b.mode, ids, positions, b.extend_lens, b.prefix_lens, mem=self.mem, page_table=table,
+            out_cache_loc=torch.tensor(b.out_cache_loc, dtype=torch.long, device=dev),
+            state_slots=torch.tensor(b.state_slots, dtype=torch.long, device=dev), track=b.track,
+            logits_indices=torch.tensor([cu[r + 1] - 1 for r in b.sample_rows], dtype=torch.long, device=dev),
+            seq_lens_t=torch.tensor([p + n for p, n in zip(b.prefix_lens, b.extend_lens)], device=dev))
+        if not b.sample_rows:
+            fb.logits_indices = fb.logits_indices[:0]
+        out = self.model(fb)
+        if not b.sample_rows:
+            return BatchResult([])
+        s = sample(out.logits, b.sampling_states, b.want_logprobs, b.top_logprobs_num)
+        self.future[torch.tensor(b.future_idx, dtype=torch.long, device=dev)] = s.tokens
+        res = BatchResult(s.tokens.tolist())
+        if s.logprobs is not None:
+            res.logprobs = s.logprobs.tolist()
+        if s.top_logprobs is not None:
+            vals, idx = s.top_logprobs
+            res.top_logprobs = [list(zip(i, v)) for i, v in zip(idx.tolist(), vals.tolist())]
+        return res
+
+
+class ForwardThread:
+    """Runs batches one after another on a single thread: the serial forward stream of the overlap scheduler.
+
+    Submission order is execution order, so a restore queued before a forward happens before it, and a forward's
+    state writes happen before the next forward's reads, with no locks on the hot path.
+    """
+
+    def __init__(self, runner: ModelRunner):
+        self.runner = runner
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kestrel-forward")
+
+    def submit(self, batch: Batch) -> concurrent.futures.Future:
+        return self.pool.submit(self.runner.run, batch)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)

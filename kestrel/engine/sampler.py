@@ -1,0 +1,104 @@
+"""Per-request sampling inside a batch: penalties, temperature, top-k / top-p / min-p, seeded draws, logprobs.
+
+A draw uses noise that depends only on (request seed, output position): the same seed gives the same tokens
+whatever the request is batched with, and a retracted request resumes with the same draws.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from kestrel.engine.sampling_params import SamplingParams
+
+_MASK63 = (1 << 63) - 1
+
+
+@dataclass
+class SamplingState:
+    """What sampling remembers about one request: its seed, step and (for penalties) token counts."""
+
+    params: SamplingParams
+    seed: int
+    prompt_ids: list[int]
+    # tokens that end generation (EOS, stop_token_ids): held back until min_new_tokens are out
+    stop_ids: frozenset[int] = frozenset()
+    step: int = 0
+    counts: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def needs_counts(self) -> bool:
+        p = self.params
+        return p.frequency_penalty != 0 or p.presence_penalty != 0 or p.repetition_penalty != 1
+
+    def advance(self, token: int) -> None:
+        self.step += 1
+        if self.needs_counts:
+            self.counts[token] = self.counts.get(token, 0) + 1
+
+
+@dataclass
+class SampleOutput:
+    tokens: torch.Tensor  # [B]
+    logprobs: torch.Tensor | None  # [B] log p(token) under the model (raw logits, temperature 1)
+    top_logprobs: tuple[torch.Tensor, torch.Tensor] | None  # (values [B, k], ids [B, k])
+
+
+def _noise(seed: int, step: int, n: int, device) -> torch.Tensor:
+    """Exp(1) noise keyed by (seed, step); the exponential race argmax(p / q) draws from p."""
+    gen = torch.Generator().manual_seed((seed * 6364136223846793005 + step * 1442695040888963407 + 1) & _MASK63)
+    return torch.empty(n, dtype=torch.float64).exponential_(generator=gen).to(device)
+
+
+def _apply_penalties(logits: torch.Tensor, st: SamplingState) -> torch.Tensor:
+    p = st.params
+    if p.repetition_penalty != 1:
+        seen = torch.tensor(sorted(set(st.prompt_ids) | set(st.counts)), dtype=torch.long, device=logits.device)
+        vals = logits[seen]
+        logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    if st.counts and (p.frequency_penalty or p.presence_penalty):
+        ids = torch.tensor(list(st.counts), dtype=torch.long, device=logits.device)
+        cnt = torch.tensor(list(st.counts.values()), dtype=logits.dtype, device=logits.device)
+        logits[ids] -= p.frequency_penalty * cnt + p.presence_penalty
+    return logits
+
+
+def _filter(probs: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    if p.top_k > 0 and p.top_k < probs.numel():
+        kth = probs.topk(p.top_k).values[-1]
+        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+    if p.top_p < 1:
+        sorted_p, order = probs.sort(descending=True)
+        # keep the smallest prefix whose mass reaches top_p (the token crossing the line included)
+        drop = sorted_p.cumsum(0) - sorted_p > p.top_p * sorted_p.sum()
+        probs = probs.scatter(0, order[drop], 0.0)
+    if p.min_p > 0:
+        probs = torch.where(probs >= p.min_p * probs.max(), probs, torch.zeros_like(probs))
+    return probs
+
+
+def sample(logits: torch.Tensor, states: list[SamplingState], want_logprobs: bool, top_logprobs_num: int) -> SampleOutput:
+    """logits [B, V] -> one token per row. Advances every state by one step."""
+    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    tokens = torch.empty(len(states), dtype=torch.long, device=logits.device)
+    for i, st in enumerate(states):
+        p = st.params
+        row = logits[i].clone()
+        if st.needs_counts:
+            row = _apply_penalties(row, st)
+        if st.step < p.min_new_tokens and st.stop_ids:
+            row[list(st.stop_ids)] = float("-inf")
+        if p.greedy:
+            tokens[i] = row.argmax()
+        else:
+            probs = _filter(torch.softmax(row.double() / p.temperature, dim=-1), p)
+            tokens[i] = (probs / _noise(st.seed, st.step, probs.numel(), probs.device)).argmax()
+    logprobs = top = None
+    if want_logprobs or top_logprobs_num:
+        lp = torch.log_softmax(logits.double(), dim=-1)
+        logprobs = lp.gather(1, tokens[:, None])[:, 0]
+        if top_logprobs_num:
+            top = lp.topk(top_logprobs_num, dim=-1)
+            top = (top.values, top.indices)
+    for st, t in zip(states, tokens.tolist()):
+        st.advance(t)
+    return SampleOutput(tokens, logprobs, top)

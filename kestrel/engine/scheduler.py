@@ -1,0 +1,334 @@
+"""The scheduler: continuous batching with chunked prefill, mixed prefill + decode steps, retraction under memory
+pressure, abort, first-come-first-served admission, and overlap scheduling.
+
+One step: build batch n+1 on this thread, submit it to the forward thread, then process batch n's results while
+n+1 runs. A decode input whose token batch n has not produced yet is a future reference. A request that finishes
+in batch n may already sit in batch n+1: its extra token is dropped and its memory is released only when no
+submitted batch holds it (`Req.inflight`).
+"""
+
+import concurrent.futures
+import logging
+import time
+from dataclasses import dataclass, field
+
+from kestrel.config import ServerArgs
+from kestrel.engine.batch import Batch, BatchResult
+from kestrel.engine.model_runner import ForwardThread, ModelRunner
+from kestrel.engine.request import Req, ReqStatus
+from kestrel.engine.sampler import SamplingState
+from kestrel.mem.manager import MemoryManager
+from kestrel.models.forward_batch import ForwardMode
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SchedulerStats:
+    prompt_tokens: int = 0  # prompt tokens admitted (cache hits included)
+    computed_prompt_tokens: int = 0  # prompt tokens actually run through a prefill forward
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    generation_tokens: int = 0
+    retractions: int = 0
+    forwards: int = 0
+    finished: int = 0
+    decode_steps: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class Scheduler:
+    def __init__(self, args: ServerArgs, runner: ModelRunner, mm: MemoryManager, stop_checker=None,
+                 context_len: int | None = None):
+        self.args, self.runner, self.mm = args, runner, mm
+        self.page_size = args.page_size
+        self.context_len = context_len or runner.cfg.model_max_length
+        # decodes a token tail to text for stop-string checks (None: token ids only)
+        self.stop_checker = stop_checker
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.forward = ForwardThread(runner) if args.overlap else None
+        self.inflight: tuple[Batch, concurrent.futures.Future] | None = None
+        self.states: dict[str, SamplingState] = {}
+        self.future_next = 0
+        self.future_of: dict[str, int] = {}
+        self.stats = SchedulerStats()
+        # requests that finished since the last step returned (whatever the reason), reported exactly once
+        self._finished: list[Req] = []
+        self.check_invariants = False  # tests turn this on: invariants proved after every step
+
+    # ---- requests in and out
+    def add(self, req: Req) -> None:
+        self.states[req.rid] = SamplingState(req.params, req.seed, req.prompt_ids, req.stop_ids)
+        self.stats.prompt_tokens += len(req.prompt_ids)
+        self.waiting.append(req)
+        self.waiting.sort(key=lambda r: r.arrival)
+
+    def abort(self, rid: str, message: str | None = None) -> bool:
+        reason = {"type": "abort", **({"message": message} if message else {})}
+        for r in self.waiting:
+            if r.rid == rid:
+                self.waiting.remove(r)
+                self._finish(r, reason)
+                self._forget(r)
+                return True
+        for r in self.running:
+            if r.rid == rid and not r.finished:
+                self._finish(r, reason)
+                return True
+        return False
+
+    def _finish(self, r: Req, reason: dict) -> None:
+        r.finish_reason = reason
+        r.finished_at = time.monotonic()
+        self._finished.append(r)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.inflight)
+
+    def shutdown(self) -> None:
+        if self.forward is not None:
+            self.forward.shutdown()
+
+    # ---- the loop body
+    def step(self) -> list[Req]:
+        """One iteration. Returns the requests that received tokens or finished."""
+        updated: list[Req] = []
+        batch = self._schedule(updated)
+        if batch is None:
+            if self.inflight is not None:
+                updated += self._drain()
+            self._reap()
+        elif self.forward is None:
+            self._count(batch)
+            updated += self._process(batch, self._run_safely(batch))
+        else:
+            self._count(batch)
+            future = self.forward.submit(batch)
+            previous, self.inflight = self.inflight, (batch, future)
+            if previous is not None:
+                updated += self._process(previous[0], self._result(previous[1], previous[0]))
+        if self.check_invariants:
+            self.mm.check_invariants(self.running)
+        seen = set(map(id, updated))
+        updated += [r for r in self._finished if id(r) not in seen]
+        self._finished = []
+        return updated
+
+    def _count(self, batch: Batch) -> None:
+        self.stats.forwards += 1
+        if batch.mode == ForwardMode.DECODE:
+            self.stats.decode_steps += 1
+        for r in batch.reqs:
+            r.inflight += 1
+
+    def _run_safely(self, batch: Batch) -> BatchResult | Exception:
+        try:
+            return self.runner.run(batch)
+        except Exception as e:  # noqa: BLE001 - one failing forward fails its requests, not the engine
+            log.exception("forward failed")
+            return e
+
+    def _result(self, future, batch: Batch) -> BatchResult | Exception:
+        try:
+            return future.result()
+        except Exception as e:  # noqa: BLE001
+            log.exception("forward failed")
+            return e
+
+    def _drain(self) -> list[Req]:
+        """Wait for the batch in flight and process it (before retracting or when idle)."""
+        if self.inflight is None:
+            return []
+        batch, future = self.inflight
+        self.inflight = None
+        return self._process(batch, self._result(future, batch))
+
+    # ---- building a batch
+    def _schedule(self, updated: list[Req]) -> Batch | None:
+        self._reap()
+        work = self._running_work()
+        while not self._fits(work):
+            if self.inflight is not None:
+                updated += self._drain()
+                self._reap()
+            elif not self._retract_one():
+                break
+            work = self._running_work()
+        work += self._admit(work)
+        work = [(r, n) for r, n in work if self._grow(r, n)]
+        if not work:
+            return None
+        return self._build(work)
+
+    def _running_work(self) -> list[tuple[Req, int]]:
+        """(request, tokens to feed) for running requests: decodes first, then prefill chunks in arrival order."""
+        decode, prefill = [], []
+        budget = self.args.chunked_prefill_size
+        for r in sorted(self.running, key=lambda r: r.arrival):
+            if r.finished:
+                continue
+            if r.remaining == 1:
+                # its last token is out (or pending): no forward can add anything
+                if r.budget_left > 0 and r.total_len < self.context_len:
+                    decode.append((r, 1))
+            elif budget > 0:
+                n = min(r.remaining, budget)
+                prefill.append((r, n))
+                budget -= n
+        return decode + prefill
+
+    def _fits(self, work) -> bool:
+        return self.mm.can_alloc(sum(self.mm.pages_needed(r, n) for r, n in work), 0)
+
+    def _retract_one(self) -> bool:
+        """Requeue the latest-arriving running request, freeing its memory; its output so far is kept."""
+        victims = [r for r in self.running if not r.finished and r.inflight == 0]
+        if not victims:
+            return False
+        victim = max(victims, key=lambda r: r.arrival)
+        if len(victims) == 1:
+            # alone and still short of pages even after eviction: it can never run
+            self._finish(victim, {"type": "abort", "message": "sequence does not fit in the KV cache"})
+            return True
+        log.info("retracting %s (%d tokens) under memory pressure", victim.rid, victim.total_len)
+        self.mm.release(victim, finished=False)
+        victim.computed_len, victim.shared_pages, victim.status = 0, 0, ReqStatus.WAITING
+        victim.retractions += 1
+        self.stats.retractions += 1
+        self.running.remove(victim)
+        self.waiting.append(victim)
+        self.waiting.sort(key=lambda r: r.arrival)
+        return True
+
+    def _admit(self, work) -> list[tuple[Req, int]]:
+        cache = self.mm.cache
+        budget = self.args.chunked_prefill_size - sum(n for r, n in work if r.remaining > 1)
+        # pages the running work takes now, plus one step of decode headroom each
+        reserve = sum(self.mm.pages_needed(r, n) for r, n in work) + sum(1 for r, n in work if r.remaining == 1)
+        admitted = []
+        while self.waiting and budget > 0 and len(self.running) < self.args.max_running_requests:
+            r = self.waiting[0]
+            cached = cache.match(r, self.mm)
+            n = min(r.remaining, budget)
+            pages = self.mm.pages_needed(r, n)
+            if not self.mm.can_alloc(pages + reserve, cache.slots_per_request):
+                cache.unmatch(r, self.mm)
+                break
+            self.waiting.pop(0)
+            r.slot = self.mm.alloc_slot()
+            if r.retractions == 0:
+                r.cached_tokens = cached
+                self.stats.cached_tokens += cached
+            r.status = ReqStatus.RUNNING
+            self.running.append(r)
+            admitted.append((r, n))
+            budget -= n
+            reserve += pages
+        return admitted
+
+    def _grow(self, r: Req, n: int) -> bool:
+        """Give r the pages for n more tokens; False (and no change) when they cannot be had."""
+        need = self.mm.pages_needed(r, n)
+        if need and not self.mm.can_alloc(need, 0):
+            return False
+        self.mm.extend(r, n)
+        return True
+
+    def _build(self, work: list[tuple[Req, int]]) -> Batch:
+        ps = self.page_size
+        ids, ext, pre, table, locs, slots, sample_rows, future_idx, states = [], [], [], [], [], [], [], [], []
+        restores, track = [], []
+        decode_only = all(n == 1 and r.computed_len > 0 for r, n in work)
+        for row, (r, n) in enumerate(work):
+            start = r.computed_len
+            for i in range(start, start + n):
+                if i < r.known_len:
+                    ids.append(r.token_at(i))
+                else:  # the pending token: sampled by the batch in flight
+                    ids.append(-(self.future_of[r.rid] + 1))
+                locs.append(r.pages[i // ps] * ps + i % ps)
+            ext.append(n)
+            pre.append(start)
+            table.append(list(r.pages))
+            slots.append(r.slot)
+            restore, tr = self.mm.cache.movements(r, n, self.mm)
+            if restore is not None:
+                restores.append(restore)
+            track.append(tr)
+            if start < len(r.prompt_ids):
+                self.stats.computed_prompt_tokens += min(start + n, len(r.prompt_ids)) - start
+            if start + n == r.total_len:
+                sample_rows.append(row)
+                self.future_of[r.rid] = self.future_next
+                future_idx.append(self.future_next)
+                self.future_next = (self.future_next + 1) % self.runner.future_size
+                states.append(self.states[r.rid])
+                r.pending += 1
+            r.computed_len += n
+            self.mm.cache.after_forward(r, self.mm)
+        reqs = [r for r, _ in work]
+        return Batch(
+            mode=ForwardMode.DECODE if decode_only else ForwardMode.EXTEND, reqs=reqs, input_ids=ids,
+            extend_lens=ext, prefix_lens=pre, page_table=table, out_cache_loc=locs, state_slots=slots,
+            sample_rows=sample_rows, future_idx=future_idx, sampling_states=states,
+            want_logprobs=any(reqs[i].return_logprob for i in sample_rows),
+            top_logprobs_num=max([reqs[i].top_logprobs_num for i in sample_rows], default=0),
+            restores=restores, track=track if any(t is not None for t in track) else None)
+
+    # ---- results
+    def _process(self, batch: Batch, result: BatchResult | Exception) -> list[Req]:
+        updated = []
+        if isinstance(result, Exception):
+            for r in batch.reqs:
+                r.inflight -= 1
+                if not r.finished:
+                    self._finish(r, {"type": "abort", "message": f"internal error: {result}"})
+            for row in batch.sample_rows:
+                batch.reqs[row].pending -= 1
+            self._reap()
+            return updated
+        now = time.monotonic()
+        for k, row in enumerate(batch.sample_rows):
+            r = batch.reqs[row]
+            r.pending -= 1
+            if r.finished:
+                continue
+            tok = result.tokens[k]
+            r.output_ids.append(tok)
+            self.stats.generation_tokens += 1
+            if result.logprobs is not None:
+                r.output_logprobs.append(result.logprobs[k])
+            if result.top_logprobs is not None:
+                r.output_top_logprobs.append(result.top_logprobs[k][: r.top_logprobs_num])
+            if r.first_token_at is None:
+                r.first_token_at = now
+            self._check_finish(r, tok)
+            updated.append(r)
+        for r in batch.reqs:
+            r.inflight -= 1
+        self._reap()
+        return updated
+
+    def _check_finish(self, r: Req, tok: int) -> None:
+        p = r.params
+        if tok in r.stop_ids and len(r.output_ids) >= p.min_new_tokens:
+            self._finish(r, {"type": "stop", "matched": tok})
+        elif len(r.output_ids) >= p.max_new_tokens or r.known_len >= self.context_len:
+            self._finish(r, {"type": "length", "length": len(r.output_ids)})
+        elif p.stop and self.stop_checker is not None and len(r.output_ids) >= p.min_new_tokens:
+            matched = self.stop_checker(r)
+            if matched is not None:
+                self._finish(r, {"type": "stop", "matched": matched})
+
+    def _reap(self) -> None:
+        """Release the memory of finished requests that no submitted batch holds any more."""
+        for r in [r for r in self.running if r.finished and r.inflight == 0]:
+            self.running.remove(r)
+            self.mm.release(r, finished=r.finish_reason.get("type") != "abort")
+            r.status = ReqStatus.FINISHED
+            self.stats.finished += 1
+            self._forget(r)
+
+    def _forget(self, r: Req) -> None:
+        self.states.pop(r.rid, None)
+        self.future_of.pop(r.rid, None)

@@ -1,0 +1,178 @@
+"""Triton MLA attention: absorbed-form paged decode (split-KV, all heads of a block share each latent tile) and
+causal prefill attention with a query offset; both return the per-head log-sum-exp (natural log)."""
+
+import torch
+import triton
+import triton.language as tl
+
+NUM_SMS = 132
+
+
+@triton.jit
+def _decode_split_kernel(ql_ptr, qr_ptr, kv_ptr, pt_ptr, sl_ptr, mo_ptr, ml_ptr,
+                         H, R, DR, D, PS, MAXP, NS, scale,
+                         BH: tl.constexpr, BR: tl.constexpr, BDR: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
+    sid = tl.program_id(2)
+    heads = hb * BH + tl.arange(0, BH)
+    hm = heads < H
+    rr = tl.arange(0, BR)
+    rd = tl.arange(0, BDR)
+    rn = tl.arange(0, BN)
+    ql = tl.load(ql_ptr + (b * H + heads[:, None]) * R + rr[None, :], mask=hm[:, None] & (rr[None, :] < R), other=0.0)
+    qr = tl.load(qr_ptr + (b * H + heads[:, None]) * DR + rd[None, :], mask=hm[:, None] & (rd[None, :] < DR), other=0.0)
+    dt = ql.dtype
+    seq_len = tl.load(sl_ptr + b).to(tl.int32)
+    split = tl.cdiv(tl.cdiv(seq_len, NS), BN) * BN
+    start = sid * split
+    end = tl.minimum(start + split, seq_len)
+    m = tl.full([BH], -float("inf"), tl.float32)
+    l = tl.zeros([BH], tl.float32)
+    acc = tl.zeros([BH, BR], tl.float32)
+    n = start
+    while n < end:
+        pos = n + rn
+        ok = pos < end
+        page = tl.load(pt_ptr + b * MAXP + pos // PS, mask=ok, other=0).to(tl.int64)
+        row = (page * PS + pos % PS) * D
+        c = tl.load(kv_ptr + row[:, None] + rr[None, :], mask=ok[:, None] & (rr[None, :] < R), other=0.0).to(dt)
+        kr = tl.load(kv_ptr + row[:, None] + R + rd[None, :], mask=ok[:, None] & (rd[None, :] < DR), other=0.0).to(dt)
+        s = tl.dot(ql, tl.trans(c), input_precision=PREC) + tl.dot(qr, tl.trans(kr), input_precision=PREC)
+        s = tl.where(ok[None, :], s * scale, -float("inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(dt), c, input_precision=PREC)
+        m = m_new
+        n += BN
+    has = l > 0
+    out = acc / tl.where(has, l, 1.0)[:, None]
+    lse = tl.where(has, m + tl.log(tl.where(has, l, 1.0)), -float("inf"))
+    base = (b * H + heads) * NS + sid
+    tl.store(mo_ptr + base[:, None] * R + rr[None, :], out, mask=hm[:, None] & (rr[None, :] < R))
+    tl.store(ml_ptr + base, lse, mask=hm)
+
+
+@triton.jit
+def _decode_combine_kernel(mo_ptr, ml_ptr, out_ptr, lse_ptr, R, NS, BR: tl.constexpr, BS: tl.constexpr):
+    bh = tl.program_id(0).to(tl.int64)
+    rs = tl.arange(0, BS)
+    rr = tl.arange(0, BR)
+    lses = tl.load(ml_ptr + bh * NS + rs, mask=rs < NS, other=-float("inf"))
+    mx = tl.max(lses, 0)
+    mx = tl.where(mx == -float("inf"), 0.0, mx)
+    wts = tl.exp(lses - mx)
+    tot = tl.sum(wts, 0)
+    o = tl.load(mo_ptr + (bh * NS + rs[:, None]) * R + rr[None, :], mask=(rs[:, None] < NS) & (rr[None, :] < R), other=0.0)
+    out = tl.sum(o * wts[:, None], 0) / tot
+    tl.store(out_ptr + bh * R + rr, out.to(out_ptr.dtype.element_ty), mask=rr < R)
+    tl.store(lse_ptr + bh, mx + tl.log(tot))
+
+
+def num_splits(batch: int, head_blocks: int, max_tokens: int) -> int:
+    """Static split count (CUDA graphs fix it at capture): enough programs to fill the GPU, >= 256 keys each."""
+    return int(max(1, min(64, triton.cdiv(max_tokens, 256), (2 * NUM_SMS) // max(1, batch * head_blocks))))
+
+
+def mla_decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank: int, scale: float):
+    """See reference.mla_decode_paged. Returns out_lat [B, H, R] in q_lat's dtype and lse [B, H] fp32."""
+    if q_lat.dtype == torch.float64:
+        from kestrel.ops.mla.reference import mla_decode_paged as ref
+        return ref(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank, scale)
+    B, H, R = q_lat.shape
+    DR = q_rope.shape[-1]
+    P, PS, D = kv_buffer.shape
+    assert R == kv_lora_rank and D == R + DR, "latent width mismatch"
+    BH = 16
+    HB = triton.cdiv(H, BH)
+    MAXP = page_table.shape[1]
+    NS = num_splits(B, HB, MAXP * PS)
+    dev = q_lat.device
+    mo = torch.empty(B, H, NS, R, dtype=torch.float32, device=dev)
+    ml = torch.empty(B, H, NS, dtype=torch.float32, device=dev)
+    out = torch.empty(B, H, R, dtype=q_lat.dtype, device=dev)
+    lse = torch.empty(B, H, dtype=torch.float32, device=dev)
+    if B == 0:
+        return out, lse
+    prec = "ieee" if q_lat.dtype == torch.float32 else "tf32"
+    BR = triton.next_power_of_2(R)
+    _decode_split_kernel[(B, HB, NS)](
+        q_lat.contiguous(), q_rope.contiguous(), kv_buffer, page_table.contiguous(), seq_lens, mo, ml,
+        H, R, DR, D, PS, MAXP, NS, float(scale), BH=BH, BR=BR, BDR=max(16, triton.next_power_of_2(DR)),
+        BN=32 if BR >= 512 else 64, PREC=prec, num_warps=8 if BR >= 512 else 4, num_stages=2)
+    _decode_combine_kernel[(B * H,)](mo, ml, out, lse, R, NS, BR=BR, BS=max(2, triton.next_power_of_2(NS)),
+                                     num_warps=4)
+    return out, lse
+
+
+@triton.jit
+def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, Tq, S, H, DK, DV, q_offset, scale,
+                     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h,
+                     CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+                     PREC: tl.constexpr):
+    mb = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    rm = mb * BM + tl.arange(0, BM)
+    rn = tl.arange(0, BN)
+    rd = tl.arange(0, BD)
+    rdv = tl.arange(0, BDV)
+    qm = rm < Tq
+    q = tl.load(q_ptr + rm[:, None].to(tl.int64) * sq_t + h * sq_h + rd[None, :], mask=qm[:, None] & (rd[None, :] < DK), other=0.0)
+    dt = q.dtype
+    m = tl.full([BM], -float("inf"), tl.float32)
+    l = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, BDV], tl.float32)
+    qpos = rm + q_offset
+    if CAUSAL:
+        end = tl.minimum(S, q_offset + (mb + 1) * BM)
+    else:
+        end = S
+    n = 0
+    while n < end:
+        kn = n + rn
+        km = kn < S
+        k = tl.load(k_ptr + kn[:, None].to(tl.int64) * sk_t + h * sk_h + rd[None, :], mask=km[:, None] & (rd[None, :] < DK), other=0.0)
+        v = tl.load(v_ptr + kn[:, None].to(tl.int64) * sv_t + h * sv_h + rdv[None, :], mask=km[:, None] & (rdv[None, :] < DV), other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+        ok = km[None, :]
+        if CAUSAL:
+            ok = ok & (kn[None, :] <= qpos[:, None])
+        s = tl.where(ok, s, -float("inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(dt), v, input_precision=PREC)
+        m = m_new
+        n += BN
+    out = acc / l[:, None]
+    tl.store(o_ptr + (rm[:, None].to(tl.int64) * H + h) * DV + rdv[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=qm[:, None] & (rdv[None, :] < DV))
+    tl.store(lse_ptr + rm.to(tl.int64) * H + h, m + tl.log(l), mask=qm)
+
+
+def attention_with_lse(q, k, v, scale: float, q_offset: int, causal: bool = True):
+    """See reference.attention_with_lse: out [Tq, H, Dv] in q's dtype, lse [Tq, H] fp32."""
+    if q.dtype == torch.float64:
+        from kestrel.ops.mla.reference import attention_with_lse as ref
+        return ref(q, k, v, scale, q_offset, causal)
+    Tq, H, DK = q.shape
+    S, DV = k.shape[0], v.shape[-1]
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    out = torch.empty(Tq, H, DV, dtype=q.dtype, device=q.device)
+    lse = torch.empty(Tq, H, dtype=torch.float32, device=q.device)
+    if Tq == 0:
+        return out, lse
+    BD, BDV = max(16, triton.next_power_of_2(DK)), max(16, triton.next_power_of_2(DV))
+    BM = 64 if Tq > 32 else 16
+    BN = 32 if BD >= 256 else 64
+    fp32 = q.dtype == torch.float32
+    _attn_fwd_kernel[(triton.cdiv(Tq, BM), H)](
+        q, k, v, out, lse, Tq, S, H, DK, DV, int(q_offset), float(scale),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        CAUSAL=causal, BM=BM, BN=BN if not fp32 else 32, BD=BD, BDV=BDV, PREC="ieee" if fp32 else "tf32",
+        num_warps=8 if BM == 64 else 4, num_stages=2)
+    return out.to(q.dtype), lse

@@ -1,0 +1,282 @@
+"""Triton MoE: a register-resident top-k router, and routed experts with the activation fused in.
+
+Experts, small batches (token x expert pairs <= GEMV_MAX_PAIRS): two GEMV launches that read each chosen
+expert's weights in place (no gathered weight copies, no host sync): gate/up + activation per pair, then down
+projection + weighted sum over the k experts per token. Large batches: pairs are sorted by expert on the device
+(fixed-size buffers, no host sync) into BM-row blocks and run as a grouped GEMM. MXFP4 experts are dequantised
+in-kernel (E2M1 nibbles, low = even column, E8M0 block scales).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+GEMV_MAX_PAIRS = 64
+
+
+@triton.jit
+def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, E, scaling,
+                  TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, RENORM: tl.constexpr, BE: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    re = tl.arange(0, BE)
+    em = re < E
+    x = tl.load(logits_ptr + t * E + re, mask=em, other=0.0).to(tl.float32)
+    scores = tl.sigmoid(x)
+    choice = scores
+    if HAS_BIAS:
+        choice = scores + tl.load(bias_ptr + re, mask=em, other=0.0).to(tl.float32)
+    choice = tl.where(em, choice, -float("inf"))
+    # NaN rows (padded graph rows) must still yield valid expert ids
+    choice = tl.where(choice == choice, choice, -float("inf"))
+    rk = tl.arange(0, TOPK)
+    wv = tl.zeros([TOPK], tl.float32)
+    iv = tl.zeros([TOPK], tl.int64)
+    for j in tl.static_range(TOPK):
+        best = tl.max(choice, 0)
+        idx = tl.minimum(tl.min(tl.where(choice == best, re, BE), 0), E - 1)
+        wv = tl.where(rk == j, tl.sum(tl.where(re == idx, scores, 0.0), 0), wv)
+        iv = tl.where(rk == j, idx.to(tl.int64), iv)
+        choice = tl.where(re == idx, -float("inf"), choice)
+    if RENORM:
+        wv = wv / (tl.sum(wv, 0) + 1e-20)
+    tl.store(ids_ptr + t * TOPK + rk, iv)
+    tl.store(w_ptr + t * TOPK + rk, wv * scaling)
+
+
+def route(logits, correction_bias, top_k, renormalize, scaling, num_expert_group=1, topk_group=1):
+    """See reference.route; group-limited routing and non-power-of-2 top_k go to the reference (no host sync)."""
+    if num_expert_group > topk_group or top_k & (top_k - 1) or logits.dtype == torch.float64:
+        from kestrel.ops.moe.reference import route as ref
+        return ref(logits, correction_bias, top_k, renormalize, scaling, num_expert_group, topk_group)
+    T, E = logits.shape
+    w = torch.empty(T, top_k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(T, top_k, dtype=torch.int64, device=logits.device)
+    if T:
+        BE = triton.next_power_of_2(E)
+        _route_kernel[(T,)](logits.contiguous(), correction_bias if correction_bias is not None else logits,
+                            w, ids, E, float(scaling), TOPK=top_k, HAS_BIAS=correction_bias is not None,
+                            RENORM=bool(renormalize) and top_k > 1, BE=BE, num_warps=max(1, min(8, BE // 128)))
+    return w, ids
+
+
+@triton.jit
+def _e2m1(nib):
+    """E2M1 nibble -> fp32: bit 3 sign, bits 1-2 exponent, bit 0 mantissa; {0, .5, 1, 1.5, 2, 3, 4, 6}."""
+    e = (nib >> 1) & 3
+    mant = (nib & 1).to(tl.float32)
+    mag = tl.where(e == 0, 0.5 * mant, tl.exp2((e - 1).to(tl.float32)) * (1.0 + 0.5 * mant))
+    return tl.where((nib & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def _load_w(w_ptr, s_ptr, e, rows, cols, n_rows, n_cols, QUANT: tl.constexpr):
+    """Expert e's weight tile [len(rows), len(cols)] (fp32): dense [E, n_rows, n_cols] or MXFP4 packed/scales."""
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    if QUANT:
+        byte = tl.load(w_ptr + (e * n_rows + rows[:, None]) * (n_cols // 2) + cols[None, :] // 2, mask=mask, other=0)
+        nib = tl.where((cols[None, :] % 2) == 0, byte & 15, byte >> 4).to(tl.int32)
+        sc = tl.load(s_ptr + (e * n_rows + rows[:, None]) * (n_cols // 32) + cols[None, :] // 32, mask=mask, other=127)
+        return _e2m1(nib) * tl.exp2(sc.to(tl.float32) - 127.0)
+    return tl.load(w_ptr + (e * n_rows + rows[:, None]) * n_cols + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _act(a, b, beta, linear_beta, SITU: tl.constexpr):
+    if SITU:
+        # beta tanh(a / beta) = beta (2 sigmoid(2 a / beta) - 1)
+        return beta * (2.0 * tl.sigmoid(2.0 * a / beta) - 1.0) * tl.sigmoid(a) * (
+            linear_beta * (2.0 * tl.sigmoid(2.0 * b / linear_beta) - 1.0))
+    return a * tl.sigmoid(a) * b
+
+
+@triton.jit
+def _gemv_up_kernel(x_ptr, ids_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, D: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, beta, linear_beta,
+                    BI: tl.constexpr, BK: tl.constexpr, QUANT: tl.constexpr, SITU: tl.constexpr):
+    p = tl.program_id(0).to(tl.int64)  # (token, slot) pair
+    ib = tl.program_id(1)
+    e = tl.load(ids_ptr + p)
+    t = p // TOPK
+    rows = ib * BI + tl.arange(0, BI)
+    a = tl.zeros([BI], tl.float32)
+    b = tl.zeros([BI], tl.float32)
+    for k0 in range(0, D, BK):
+        cols = k0 + tl.arange(0, BK)
+        x = tl.load(x_ptr + t * D + cols, mask=cols < D, other=0.0).to(tl.float32)
+        a += tl.sum(_load_w(w1_ptr, s1_ptr, e, rows, cols, I, D, QUANT) * x[None, :], 1)
+        b += tl.sum(_load_w(w3_ptr, s3_ptr, e, rows, cols, I, D, QUANT) * x[None, :], 1)
+    dt = h_ptr.dtype.element_ty
+    # the reference rounds each projection and the activation to the activation dtype
+    y = _act(a.to(dt).to(tl.float32), b.to(dt).to(tl.float32), beta, linear_beta, SITU)
+    tl.store(h_ptr + p * I + rows, y.to(dt), mask=rows < I)
+
+
+@triton.jit
+def _gemv_down_kernel(h_ptr, ids_ptr, wts_ptr, w2_ptr, s2_ptr, out_ptr, D: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr,
+                      BN: tl.constexpr, BK: tl.constexpr, QUANT: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    nb = tl.program_id(1)
+    rows = nb * BN + tl.arange(0, BN)
+    acc = tl.zeros([BN], tl.float32)
+    dt = out_ptr.dtype.element_ty
+    for j in range(TOPK):
+        p = t * TOPK + j
+        e = tl.load(ids_ptr + p)
+        y = tl.zeros([BN], tl.float32)
+        for k0 in range(0, I, BK):
+            cols = k0 + tl.arange(0, BK)
+            hv = tl.load(h_ptr + p * I + cols, mask=cols < I, other=0.0).to(tl.float32)
+            y += tl.sum(_load_w(w2_ptr, s2_ptr, e, rows, cols, D, I, QUANT) * hv[None, :], 1)
+        acc += y.to(dt).to(tl.float32) * tl.load(wts_ptr + p).to(dt).to(tl.float32)
+    tl.store(out_ptr + t * D + rows, acc.to(dt), mask=rows < D)
+
+
+@triton.jit
+def _grouped_up_kernel(x_ptr, pairs_ptr, bexp_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, D: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, NP,
+                       beta, linear_beta, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                       QUANT: tl.constexpr, SITU: tl.constexpr, PREC: tl.constexpr):
+    blk = tl.program_id(0)
+    nb = tl.program_id(1)
+    e = tl.load(bexp_ptr + blk).to(tl.int64)
+    if e >= 0:
+        pr = tl.load(pairs_ptr + blk * BM + tl.arange(0, BM)).to(tl.int64)
+        pm = pr < NP
+        tok = tl.where(pm, pr // TOPK, 0)
+        rows = nb * BN + tl.arange(0, BN)
+        dt = h_ptr.dtype.element_ty
+        a = tl.zeros([BM, BN], tl.float32)
+        b = tl.zeros([BM, BN], tl.float32)
+        for k0 in range(0, D, BK):
+            cols = k0 + tl.arange(0, BK)
+            x = tl.load(x_ptr + tok[:, None] * D + cols[None, :], mask=pm[:, None] & (cols[None, :] < D), other=0.0)
+            w1 = _load_w(w1_ptr, s1_ptr, e, rows, cols, I, D, QUANT).to(dt)
+            w3 = _load_w(w3_ptr, s3_ptr, e, rows, cols, I, D, QUANT).to(dt)
+            a = tl.dot(x.to(dt), tl.trans(w1), a, input_precision=PREC)
+            b = tl.dot(x.to(dt), tl.trans(w3), b, input_precision=PREC)
+        y = _act(a.to(dt).to(tl.float32), b.to(dt).to(tl.float32), beta, linear_beta, SITU)
+        tl.store(h_ptr + pr[:, None] * I + rows[None, :], y.to(dt), mask=pm[:, None] & (rows[None, :] < I))
+
+
+@triton.jit
+def _grouped_down_kernel(h_ptr, pairs_ptr, bexp_ptr, wts_ptr, w2_ptr, s2_ptr, out_ptr, D: tl.constexpr, I: tl.constexpr, NP,
+                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, QUANT: tl.constexpr,
+                         PREC: tl.constexpr):
+    blk = tl.program_id(0)
+    nb = tl.program_id(1)
+    e = tl.load(bexp_ptr + blk).to(tl.int64)
+    if e >= 0:
+        pr = tl.load(pairs_ptr + blk * BM + tl.arange(0, BM)).to(tl.int64)
+        pm = pr < NP
+        prs = tl.where(pm, pr, 0)
+        rows = nb * BN + tl.arange(0, BN)
+        dt = h_ptr.dtype.element_ty
+        acc = tl.zeros([BM, BN], tl.float32)
+        for k0 in range(0, I, BK):
+            cols = k0 + tl.arange(0, BK)
+            hv = tl.load(h_ptr + prs[:, None] * I + cols[None, :], mask=pm[:, None] & (cols[None, :] < I), other=0.0)
+            w2 = _load_w(w2_ptr, s2_ptr, e, rows, cols, D, I, QUANT).to(dt)
+            acc = tl.dot(hv, tl.trans(w2), acc, input_precision=PREC)
+        wv = tl.load(wts_ptr + prs, mask=pm, other=0.0).to(dt).to(tl.float32)
+        y = acc.to(dt).to(tl.float32) * wv[:, None]
+        tl.store(out_ptr + prs[:, None] * D + rows[None, :], y, mask=pm[:, None] & (rows[None, :] < D))
+
+
+def _weights(ew, name):
+    if ew.quantized:
+        return getattr(ew, f"{name}_packed"), getattr(ew, f"{name}_scale")
+    w = getattr(ew, name)
+    return w, w
+
+
+def _sort_pairs(ids: torch.Tensor, E: int, BM: int):
+    """Pairs grouped by expert into BM-row blocks, all on the device with static sizes (graph-safe).
+
+    Returns pairs [NB * BM] (pair index, or NP for padding) and block_expert [NB] (-1 for unused blocks).
+    """
+    NP = ids.numel()
+    flat = ids.reshape(-1)
+    NB = triton.cdiv(NP, BM) + E
+    order = torch.sort(flat, stable=True).indices
+    counts = torch.zeros(E, dtype=torch.int64, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + BM - 1) // BM * BM
+    pend = torch.cumsum(padded, 0)
+    pstart = pend - padded
+    cstart = torch.cumsum(counts, 0) - counts
+    sorted_e = flat[order]
+    rank = torch.arange(NP, device=ids.device) - cstart[sorted_e]
+    pairs = torch.full((NB * BM,), NP, dtype=torch.int64, device=ids.device)
+    pairs.scatter_(0, pstart[sorted_e] + rank, order)
+    bstart = torch.arange(NB, device=ids.device) * BM
+    bexp = torch.searchsorted(pend, bstart, right=True)
+    bexp = torch.where(bexp < E, bexp, -1)
+    return pairs, bexp
+
+
+def moe_experts(x, experts_weights, weights, ids, act):
+    """See kestrel.ops.moe.experts: x [T, D] -> [T, D_out] in x's dtype."""
+    ew = experts_weights
+    T, D = x.shape
+    TOPK = ids.shape[1]
+    I = ew.inter
+    Dout = ew.hidden
+    E = ew.num_experts
+    if x.dtype == torch.float64:
+        from kestrel.ops.moe.reference import moe_experts as ref
+        return ref(x, ew.dense("w1", x.dtype), ew.dense("w2", x.dtype), ew.dense("w3", x.dtype), weights, ids, act)
+    x = x.contiguous()
+    ids = ids.contiguous()
+    weights = weights.contiguous()
+    (w1, s1), (w2, s2), (w3, s3) = _weights(ew, "w1"), _weights(ew, "w2"), _weights(ew, "w3")
+    q = bool(ew.quantized)
+    situ = act.kind == "situ"
+    NP = T * TOPK
+    h = torch.empty(NP, I, dtype=x.dtype, device=x.device)
+    if T == 0:
+        return torch.empty(0, Dout, dtype=x.dtype, device=x.device)
+    if NP <= GEMV_MAX_PAIRS:
+        BI = 16 if NP >= 8 else 8
+        _gemv_up_kernel[(NP, triton.cdiv(I, BI))](x, ids, w1, s1, w3, s3, h, D, I, TOPK, act.beta, act.linear_beta,
+                                                 BI=BI, BK=min(512, triton.next_power_of_2(D)), QUANT=q, SITU=situ,
+                                                 num_warps=4)
+        out = torch.empty(T, Dout, dtype=x.dtype, device=x.device)
+        BN = 8
+        _gemv_down_kernel[(T, triton.cdiv(Dout, BN))](h, ids, weights, w2, s2, out, Dout, I, TOPK, BN=BN,
+                                                      BK=min(512, triton.next_power_of_2(I)), QUANT=q, num_warps=4)
+        return out
+    BM = 64 if NP >= 4096 else 16
+    pairs, bexp = _sort_pairs(ids, E, BM)
+    NB = bexp.numel()
+    prec = "ieee" if x.dtype == torch.float32 else "tf32"
+    BN, BK = 64, 64
+    _grouped_up_kernel[(NB, triton.cdiv(I, BN))](x, pairs, bexp, w1, s1, w3, s3, h, D, I, TOPK, NP, act.beta,
+                                                 act.linear_beta, BM=BM, BN=BN, BK=BK, QUANT=q, SITU=situ, PREC=prec,
+                                                 num_warps=4, num_stages=3)
+    y = torch.empty(NP, Dout, dtype=torch.float32, device=x.device)
+    _grouped_down_kernel[(NB, triton.cdiv(Dout, BN))](h, pairs, bexp, weights, w2, s2, y, Dout, I, NP, BM=BM, BN=BN,
+                                                      BK=BK, QUANT=q, PREC=prec, num_warps=4, num_stages=3)
+    return y.view(T, TOPK, Dout).sum(1).to(x.dtype)
+
+
+@triton.jit
+def _activate_kernel(a_ptr, b_ptr, o_ptr, N, sa, sb, beta, linear_beta, SITU: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < N
+    a = tl.load(a_ptr + row * sa + cols, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + row * sb + cols, mask=m, other=0.0).to(tl.float32)
+    tl.store(o_ptr + row * N + cols, _act(a, b, beta, linear_beta, SITU).to(o_ptr.dtype.element_ty), mask=m)
+
+
+def activate(act, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """act(a, b) for [T, N] inputs (row-strided views allowed), computed in fp32 like the reference."""
+    if a.dtype == torch.float64 or a.dim() != 2 or a.stride(-1) != 1 or b.stride(-1) != 1:
+        return act(a, b)
+    if act.kind == "silu":
+        # the reference's SwiGLU rounds silu(a) before the product
+        return torch.nn.functional.silu(a) * b
+    T, N = a.shape
+    out = torch.empty(T, N, dtype=a.dtype, device=a.device)
+    BLOCK = min(1024, triton.next_power_of_2(N))
+    if T:
+        _activate_kernel[(T, triton.cdiv(N, BLOCK))](a, b, out, N, a.stride(0), b.stride(0), act.beta, act.linear_beta,
+                                                   SITU=True, BLOCK=BLOCK, num_warps=4)
+    return out

@@ -1,0 +1,26 @@
+"""The exactness contract for batching: every request's greedy tokens equal the single-request reference."""
+
+import pytest
+
+from tests.engine.helpers import drive, greedy_reference, make_core, random_prompts
+
+PROMPTS = random_prompts(32, seed=1)
+NEW = 12
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 4096])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_batching_is_exact(tiny64, chunk, page_size, overlap):
+    # a pool far smaller than the 32 requests need, so retraction must happen
+    core = make_core(tiny64, chunked_prefill_size=chunk, page_size=page_size, max_total_tokens=160,
+                     disable_overlap_schedule=not overlap, disable_radix_cache=True)
+    reqs = [core.make_request(p, {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}) for p in PROMPTS]
+    done = drive(core, reqs, seed=chunk + page_size)
+    for r, p in zip(reqs, PROMPTS):
+        assert done[r.rid].output_ids == greedy_reference(tiny64, p, NEW), f"request with a {len(p)}-token prompt"
+        assert done[r.rid].finish_reason == {"type": "length", "length": NEW}
+    assert core.scheduler.stats.retractions > 0
+    assert core.mm.num_free_pages == core.mm.kv.pages.capacity
+    assert core.mm.num_free_slots == core.mm.state.slots.capacity
+    core.shutdown()

@@ -1,0 +1,174 @@
+"""Triton kernels against their plain-torch references on fresh random inputs (CUDA; or the Triton interpreter on
+CPU tensors with TRITON_INTERPRET=1, fp32 only where a kernel uses tl.dot, which the interpreter gets wrong in bf16).
+
+Outputs are poisoned with NaN before each call, so anything a kernel fails to write fails the comparison.
+"""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_TRITON or not (torch.cuda.is_available() or INTERPRET),
+                                                  reason="needs CUDA + Triton (or TRITON_INTERPRET=1)")]
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+# interpreter-sized shapes vs real kernel shapes
+SMALL = not torch.cuda.is_available()
+# the interpreter truncates when casting to bf16 instead of rounding: looser there
+TOL = {torch.float32: 1e-4, torch.bfloat16: 4e-2 if SMALL else 1.5e-2}
+DOT_DTYPES = [torch.float32] if SMALL else [torch.float32, torch.bfloat16]
+
+
+def rel(out, ref):
+    out, ref = out.double(), ref.double()
+    assert torch.isfinite(out).all(), "non-finite (unwritten?) output"
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def rnd(*shape, dtype=torch.float32, scale=1.0):
+    return (torch.randn(*shape, device=DEV) * scale).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norms(dtype):
+    from kestrel.ops.norm import reference as R, triton as K
+    D = 64 if SMALL else 2048
+    x, w, g, r = rnd(7, D, dtype=dtype), rnd(D, dtype=dtype), rnd(7, D, dtype=dtype), rnd(7, D, dtype=dtype)
+    assert rel(K.rms_norm(x, w, 1e-5), R.rms_norm(x, w, 1e-5)) < TOL[dtype]
+    assert rel(K.rms_norm(x, None, 1e-5), R.rms_norm(x, None, 1e-5)) < TOL[dtype]
+    assert rel(K.gated_rms_norm(x.view(7, -1, 16), g.view(7, -1, 16), w[:16], 1e-5),
+               R.gated_rms_norm(x.view(7, -1, 16), g.view(7, -1, 16), w[:16], 1e-5)) < TOL[dtype]
+    s1, n1 = K.add_rms_norm(x, r, w, 1e-5)
+    s2, n2 = R.add_rms_norm(x, r, w, 1e-5)
+    assert rel(s1, s2) < TOL[dtype] and rel(n1, n2) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 3, 7])
+def test_attn_res(dtype, n):
+    from kestrel.ops.attn_res import reference as R, triton as K
+    D = 64 if SMALL else 2048
+    vals = [rnd(5, D, dtype=dtype) for _ in range(n)]
+    w, nw = rnd(D, dtype=dtype, scale=D**-0.5), rnd(D, dtype=dtype)
+    assert rel(K.attn_res(vals, w, 1e-5), R.attn_res(vals, w, 1e-5)) < TOL[dtype]
+    h1, z1 = K.attn_res_norm(vals, w, 1e-5, nw, 1e-5)
+    h2, z2 = R.attn_res_norm(vals, w, 1e-5, nw, 1e-5)
+    assert rel(h1, h2) < TOL[dtype] and rel(z1, z2) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lower_bound", [None, -5.0])
+def test_kda_decode(dtype, lower_bound):
+    from kestrel.ops.kda import reference as R, triton as K
+    B, H, Kd, W, S = (3, 2, 16, 4, 6) if SMALL else (33, 16, 128, 4, 40)
+    mixed, cw = rnd(B, 3 * H * Kd, dtype=dtype), rnd(3 * H * Kd, W, dtype=dtype, scale=0.5)
+    conv, ssm = rnd(S, W - 1, 3 * H * Kd, dtype=dtype), rnd(S, H, Kd, Kd)
+    slots = torch.randperm(S - 1, device=DEV)[:B] + 1
+    raw, A, dtb, beta = rnd(B, H, Kd, dtype=dtype), rnd(H), rnd(H * Kd), torch.rand(B, H, device=DEV)
+    c1, s1, c2, s2 = conv.clone(), ssm.clone(), conv.clone(), ssm.clone()
+    o1 = R.kda_decode(mixed, cw, c1, s1, slots, raw, A, dtb, lower_bound, beta, Kd**-0.5)
+    o2 = K.kda_decode(mixed, cw, c2, s2, slots, raw, A, dtb, lower_bound, beta, Kd**-0.5)
+    assert rel(o2, o1) < TOL[dtype] and rel(s2, s1) < TOL[dtype] / 4 and rel(c2, c1) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+def test_kda_chunked(dtype):
+    from kestrel.ops.kda import reference as R
+    from kestrel.ops.kda.triton_chunk import kda_chunked
+    H, Kd, V = (2, 16, 32) if SMALL else (4, 128, 128)
+    lens, starts = ([70, 5, 130], [0, 60, 100]) if SMALL else ([700, 5, 1030, 64], [0, 60, 100, 128])
+    cu = [0]
+    for L in lens:
+        cu.append(cu[-1] + L)
+    T = cu[-1]
+    q, k = R.l2norm(rnd(T, H, Kd)).to(dtype), R.l2norm(rnd(T, H, Kd)).to(dtype)
+    v = rnd(T, H, V, dtype=dtype)
+    g = -5 * torch.rand(T, H, Kd, device=DEV)  # safe gates at their bound: a 64-token chunk sums to ~ -160..-320
+    beta, h0 = torch.rand(T, H, device=DEV), rnd(len(lens), H, Kd, V)
+    o, f, cs = kda_chunked(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, start_positions=starts,
+                           output_chunk_states=True)
+    d = torch.float64
+    ro, rf, rcs = R.kda_chunked(q.to(d), k.to(d), v.to(d), g.to(d), beta.to(d), cu_seqlens=cu, initial_state=h0.to(d),
+                                start_positions=starts, output_chunk_states=True)
+    assert rel(o, ro) < TOL[dtype] and rel(f, rf) < TOL[dtype]
+    for (p, s), (rp, rs) in zip(cs, rcs):
+        assert p == rp and rel(s, rs) < TOL[dtype]
+    # no initial state, one sequence, softplus-sized gates
+    g2 = -torch.rand(T, H, Kd, device=DEV)
+    o, f = kda_chunked(q, k, v, g2, beta)
+    ro, rf = R.kda_chunked(q.to(d), k.to(d), v.to(d), g2.to(d), beta.to(d))
+    assert rel(o, ro) < TOL[dtype] and rel(f, rf) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_mla_decode(dtype, page_size):
+    from kestrel.ops.mla import reference as R, triton as K
+    B, H, Rk, Dr, P = (3, 4, 32, 8, 64) if SMALL else (5, 16, 512, 64, 4096)
+    lens = torch.tensor([5, 33, 1] if SMALL else [1, 17, 300, 2000, 4000], device=DEV)
+    maxp = -(-int(lens.max()) // page_size)
+    pt = torch.stack([torch.randperm(P - 1, device=DEV)[:maxp] + 1 for _ in range(B)]).int()
+    kv = rnd(P, page_size, Rk + Dr, dtype=dtype)
+    ql, qr = rnd(B, H, Rk, dtype=dtype), rnd(B, H, Dr, dtype=dtype)
+    o1, l1 = R.mla_decode_paged(ql, qr, kv, pt, lens, Rk, 0.07)
+    o2, l2 = K.mla_decode_paged(ql, qr, kv, pt, lens, Rk, 0.07)
+    assert rel(o2, o1) < TOL[dtype] and rel(l2, l1) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_with_lse(dtype, causal):
+    from kestrel.ops.mla import reference as R, triton as K
+    Tq, S, H, DK, DV = (37, 50, 2, 24, 16) if SMALL else (300, 1000, 16, 192, 128)
+    q = rnd(Tq, H, DK, dtype=dtype)
+    kv = rnd(S, H, DK + DV, dtype=dtype)
+    k, v = kv[..., :DK], kv[..., DK:]
+    o1, l1 = R.attention_with_lse(q, k, v, DK**-0.5, S - Tq, causal)
+    o2, l2 = K.attention_with_lse(q, k, v, DK**-0.5, S - Tq, causal)
+    assert rel(o2, o1) < TOL[dtype] and rel(l2, l1) < TOL[dtype]
+
+
+def test_route():
+    from kestrel.ops.moe import reference as R, triton as K
+    T, E, k = (5, 16, 4) if SMALL else (300, 128, 8)
+    lg, bias = rnd(T, E), rnd(E, scale=0.1)
+    w1, i1 = R.route(lg, bias, k, True, 2.5)
+    w2, i2 = K.route(lg, bias, k, True, 2.5)
+    assert torch.equal(i1.sort(1).values, i2.sort(1).values)
+    assert rel(w2.gather(1, i2.argsort(1)), w1.gather(1, i1.argsort(1))) < 1e-6
+    nan = torch.full((2, E), float("nan"), device=DEV)
+    assert int(K.route(nan, bias, k, True, 2.5)[1].max()) < E
+
+
+def _experts(E, D, I, quant, dtype):
+    from kestrel.models.layers.linear import ExpertWeights
+    from kestrel.ops.mxfp4 import reference as MX
+    ew = ExpertWeights(E, D, I, quant, dtype).to(DEV)
+    with torch.no_grad():
+        for n, (o, i) in {"w1": (I, D), "w2": (D, I), "w3": (I, D)}.items():
+            w = rnd(E, o, i, scale=i**-0.5)
+            if quant:
+                pk, sc = MX.quantize(w.flatten(0, 1))
+                getattr(ew, n + "_packed").copy_(pk.view(E, o, -1))
+                getattr(ew, n + "_scale").copy_(sc.view(E, o, -1))
+            else:
+                getattr(ew, n).copy_(w.to(dtype))
+    return ew
+
+
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize("quant", [False, True])
+@pytest.mark.parametrize("kind", ["situ", "silu"])
+def test_moe_experts(dtype, quant, kind):
+    from kestrel.ops.moe import reference as R, triton as K
+    E, D, I, k = (16, 64, 32, 4) if SMALL else (128, 1024, 512, 8)
+    ew = _experts(E, D, I, quant, dtype)
+    act = R.Activation(kind, 4.0, 25.0)
+    for T in (1, 3, 40) if SMALL else (1, 8, 300):
+        x = rnd(T, D, dtype=dtype)
+        wts, ids = R.route(rnd(T, E), None, k, True, 2.5)
+        ref = R.moe_experts(x, ew.dense("w1", dtype), ew.dense("w2", dtype), ew.dense("w3", dtype), wts, ids, act)
+        assert rel(K.moe_experts(x, ew, wts, ids, act), ref) < TOL[dtype], T

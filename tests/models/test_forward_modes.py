@@ -1,0 +1,132 @@
+"""The model's cached forward modes against the single-request full-forward reference (float64)."""
+
+import pytest
+import torch
+
+from kestrel.mem.pools import KVPool, Memory, StatePool
+from kestrel.models.forward_batch import ForwardBatch, ForwardMode
+from tests.conftest import rel_err
+
+
+class Seq:
+    """One sequence's pages and state slot in a pair of pools (what the engine's memory manager will own)."""
+
+    def __init__(self, mem: Memory, tokens: list[int], max_len: int = 256):
+        self.mem, self.tokens, self.len = mem, tokens, 0
+        self.pages = mem.kv.pages.alloc(-(-max_len // mem.page_size))
+        self.slot = mem.state.slots.alloc()[0]
+        mem.state.poison(self.slot)
+
+    def locs(self, start: int, n: int) -> torch.Tensor:
+        pos = torch.arange(start, start + n)
+        return torch.tensor(self.pages)[pos // self.mem.page_size] * self.mem.page_size + pos % self.mem.page_size
+
+
+def run_batch(model, mem, seqs: list[Seq], ns: list[int], mode=ForwardMode.EXTEND):
+    ids = torch.tensor([t for s, n in zip(seqs, ns) for t in s.tokens[s.len : s.len + n]])
+    pos = torch.cat([torch.arange(s.len, s.len + n) for s, n in zip(seqs, ns)])
+    width = max(len(s.pages) for s in seqs)
+    table = torch.tensor([s.pages + [0] * (width - len(s.pages)) for s in seqs], dtype=torch.int32)
+    fb = ForwardBatch(mode, ids, pos, list(ns), [s.len for s in seqs], mem=mem, page_table=table,
+                      out_cache_loc=torch.cat([s.locs(s.len, n) for s, n in zip(seqs, ns)]),
+                      state_slots=torch.tensor([s.slot for s in seqs]))
+    with torch.no_grad():
+        logits = model(fb).logits
+    for s, n in zip(seqs, ns):
+        s.len += n
+    return logits
+
+
+def make_mem(model, page_size=4, pages=4096, slots=16):
+    cfg, dt = model.cfg, torch.float64
+    return Memory(KVPool(cfg, pages, page_size, dt, "cpu"), StatePool(cfg, slots, dt, "cpu"))
+
+
+def tokens(n, seed):
+    return torch.randint(0, 4096, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.mark.parametrize("page_size,chunk", [(1, 7), (4, 64), (16, 30)])
+def test_prefill_then_decode_equals_full_forward(tiny64, page_size, chunk):
+    toks = tokens(90, seed=page_size)
+    ref = tiny64.reference_logits(toks)
+    mem = make_mem(tiny64, page_size)
+    s = Seq(mem, toks)
+    out = []
+    while s.len < 60:
+        out.append(run_batch(tiny64, mem, [s], [min(chunk, 60 - s.len)]))
+    while s.len < 90:
+        out.append(run_batch(tiny64, mem, [s], [1], ForwardMode.DECODE))
+    got = torch.cat(out)
+    assert rel_err(got, ref) < 1e-12
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+
+
+def test_extend_from_restored_state_equals_full_forward(tiny64):
+    """A cached prefix (KV pages) plus a state copied into a fresh slot continues exactly."""
+    toks = tokens(100, seed=7)
+    ref = tiny64.reference_logits(toks)
+    mem = make_mem(tiny64)
+    a = Seq(mem, toks)
+    run_batch(tiny64, mem, [a], [64])
+    # a second sequence reuses a's pages for the prefix and a copy of a's state (copy-on-write restore)
+    b = Seq(mem, toks)
+    b.pages[:16] = a.pages[:16]
+    mem.state.copy(a.slot, b.slot)
+    b.len = 64
+    got = run_batch(tiny64, mem, [b], [36])
+    assert rel_err(got, ref[64:]) < 1e-12
+
+
+def test_packed_batch_equals_each_alone(tiny64):
+    lens = [1, 5, 64, 65, 33]
+    seqs_toks = [tokens(n + 10, seed=100 + i) for i, n in enumerate(lens)]
+    refs = [tiny64.reference_logits(t) for t in seqs_toks]
+    mem = make_mem(tiny64)
+    seqs = [Seq(mem, t) for t in seqs_toks]
+    logits = run_batch(tiny64, mem, seqs, lens)
+    # then a mixed step: one more prefill token for some, decode for the rest, as extend
+    more = run_batch(tiny64, mem, seqs, [3, 1, 1, 2, 1])
+    dec = run_batch(tiny64, mem, seqs, [1] * 5, ForwardMode.DECODE)
+    off = off2 = 0
+    for i, (n, m) in enumerate(zip(lens, [3, 1, 1, 2, 1])):
+        assert rel_err(logits[off : off + n], refs[i][:n]) < 1e-12
+        assert rel_err(more[off2 : off2 + m], refs[i][n : n + m]) < 1e-12
+        assert rel_err(dec[i], refs[i][n + m]) < 1e-12
+        off, off2 = off + n, off2 + m
+
+
+def test_snapshot_track_writes_the_state_at_a_grid_point(tiny64):
+    """fb.track copies the state after `off` tokens of an extend into another slot (prefix-cache snapshots)."""
+    toks = tokens(130, seed=9)
+    ref = tiny64.reference_logits(toks)
+    mem = make_mem(tiny64)
+    a = Seq(mem, toks)
+    run_batch(tiny64, mem, [a], [40])
+    snap = mem.state.slots.alloc()[0]
+    ids = torch.tensor(toks[40:100])
+    table = torch.tensor([a.pages], dtype=torch.int32)
+    fb = ForwardBatch(ForwardMode.EXTEND, ids, torch.arange(40, 100), [60], [40], mem=mem, page_table=table,
+                      out_cache_loc=a.locs(40, 60), state_slots=torch.tensor([a.slot]), track=[(24, snap)])
+    with torch.no_grad():
+        tiny64(fb)
+    # resume from the snapshot at position 64 in a fresh sequence sharing the pages
+    b = Seq(mem, toks)
+    b.pages[:16] = a.pages[:16]
+    mem.state.copy(snap, b.slot)
+    b.len = 64
+    got = run_batch(tiny64, mem, [b], [66])
+    assert rel_err(got, ref[64:]) < 1e-12
+
+
+def test_state_matters(tiny64):
+    """Guard against a test model too weak to notice a wrong state: a foreign state changes the greedy tokens."""
+    toks = tokens(80, seed=11)
+    mem = make_mem(tiny64)
+    a, b = Seq(mem, toks), Seq(mem, tokens(80, seed=12))
+    run_batch(tiny64, mem, [a], [64])
+    run_batch(tiny64, mem, [b], [64])
+    ref = tiny64.reference_logits(toks)[64:].argmax(-1)
+    mem.state.copy(b.slot, a.slot)
+    got = run_batch(tiny64, mem, [a], [16]).argmax(-1)
+    assert (got != ref).sum() >= 4

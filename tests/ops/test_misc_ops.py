@@ -1,0 +1,67 @@
+import torch
+
+from kestrel.ops.attn_res.reference import attn_res
+from kestrel.ops.mxfp4 import reference as mx
+from kestrel.ops.norm.reference import gated_rms_norm, rms_norm
+
+D64 = torch.float64
+
+
+def test_attn_res_is_softmax_over_normalised_keys():
+    vals = [torch.randn(5, 8, dtype=D64) for _ in range(3)]
+    w = torch.randn(8, dtype=D64)
+    out = attn_res(vals, w, 1e-5)
+    for t in range(5):
+        keys = torch.stack([v[t] / torch.sqrt(v[t].pow(2).mean() + 1e-5) for v in vals])
+        p = torch.softmax(keys @ w, 0)
+        assert torch.allclose(out[t], sum(p[i] * vals[i][t] for i in range(3)))
+    # w = 0: a plain average
+    assert torch.allclose(attn_res(vals, torch.zeros(8, dtype=D64), 1e-5), sum(vals) / 3)
+
+
+def test_norms():
+    x, w, g = torch.randn(4, 8, dtype=D64), torch.randn(8, dtype=D64), torch.randn(4, 8, dtype=D64)
+    r = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert torch.allclose(rms_norm(x, w, 1e-6), w * r)
+    assert torch.allclose(rms_norm(x, None, 1e-6), r)
+    assert torch.allclose(gated_rms_norm(x, g, w, 1e-6), w * r * torch.sigmoid(g))
+
+
+def test_mxfp4_value_table_round_trips_exactly():
+    table = mx.e2m1_table(D64)
+    assert table[:8].tolist() == [0, 0.5, 1, 1.5, 2, 3, 4, 6] and table[8:].tolist() == [-0.0, -0.5, -1, -1.5, -2, -3, -4, -6]
+    for exp in (-3, 0, 5):
+        w = (table.repeat(4) * 2.0**exp).view(2, 32).float()
+        w[:, 0] = 6 * 2.0**exp  # make every block's max the same so the scale is 2^exp
+        packed, scales = mx.quantize(w)
+        assert (scales.int() == 127 + exp).all()
+        assert torch.equal(mx.dequantize(packed, scales), w)
+
+
+def test_mxfp4_nibble_order_and_rounding():
+    w = torch.zeros(1, 32)
+    w[0, 0], w[0, 1] = 1.0, -6.0
+    packed, scales = mx.quantize(w)
+    # even column in the low nibble: 1.0 is index 2, -6.0 is sign | 7
+    assert packed[0, 0].item() == (2 | (0xF << 4)) and scales[0, 0].item() == 127
+    w = torch.tensor([[0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0, 6.0] + [0.0] * 23])
+    got = mx.dequantize(*mx.quantize(w))[0, :9].tolist()
+    # ties to even mantissa; beyond 6 saturates
+    assert got == [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0, 6.0]
+
+
+def test_mxfp4_error_bound_and_layouts():
+    torch.manual_seed(0)
+    w = torch.randn(16, 128)
+    packed, scales = mx.quantize(w)
+    deq = mx.dequantize(packed, scales)
+    blocks = w.view(16, 4, 32)
+    # OCP scaling puts a block's max in [4, 8) * scale: at most half the top spacing (2 * scale) of error below 6,
+    # and up to 2 * scale where values between 6 and 8 saturate
+    scale = torch.exp2(scales.float() - 127).unsqueeze(-1)
+    err = (deq.view(16, 4, 32) - blocks).abs()
+    assert (err <= 2 * scale + 1e-7).all()
+    assert (err[blocks.abs() <= 6 * scale] <= (scale + 1e-7).expand_as(err)[blocks.abs() <= 6 * scale]).all()
+    gb, gs = mx.to_gpt_oss(packed, scales)
+    assert gb.shape == (16, 4, 16)
+    assert torch.equal(mx.dequantize(*mx.from_gpt_oss(gb, gs)), deq)

@@ -1,0 +1,54 @@
+import torch
+
+from kestrel.ops.mla import reference as ref
+from tests.conftest import rel_err
+
+D64 = torch.float64
+
+
+def test_absorbed_equals_expanded():
+    H, R, Dr, Dn, Dv, S, Tq = 3, 16, 4, 8, 8, 20, 5
+    w_kv = torch.randn(H, Dn + Dv, R, dtype=D64)
+    lat = torch.randn(S, R + Dr, dtype=D64)
+    q = torch.randn(Tq, H, Dn + Dr, dtype=D64)
+    # expanded: per-head keys and values
+    k = torch.cat([torch.einsum("hdr,sr->shd", w_kv[:, :Dn], lat[:, :R]), lat[:, None, R:].expand(S, H, Dr)], -1)
+    v = torch.einsum("hdr,sr->shd", w_kv[:, Dn:], lat[:, :R])
+    o_exp, lse_exp = ref.attention_with_lse(q, k, v, 0.3, q_offset=S - Tq)
+    q_lat = torch.einsum("thd,hdr->thr", q[..., :Dn], w_kv[:, :Dn])
+    o_lat, lse_abs = ref.mla_absorbed_attention(q_lat, q[..., Dn:], lat, R, 0.3, q_offset=S - Tq)
+    o_abs = torch.einsum("thr,hvr->thv", o_lat, w_kv[:, Dn:])
+    assert rel_err(o_abs, o_exp) < 1e-13
+    assert rel_err(lse_abs, lse_exp) < 1e-13
+
+
+def test_lse_and_causal_mask():
+    q, k, v = torch.randn(3, 2, 4, dtype=D64), torch.randn(6, 2, 4, dtype=D64), torch.randn(6, 2, 5, dtype=D64)
+    out, lse = ref.attention_with_lse(q, k, v, 0.5, q_offset=3)
+    for t in range(3):
+        n = 3 + t + 1  # keys 0..q_offset+t
+        s = torch.einsum("hd,shd->hs", q[t], k[:n]) * 0.5
+        assert torch.allclose(lse[t], torch.logsumexp(s, -1))
+        assert torch.allclose(out[t], torch.einsum("hs,shd->hd", torch.softmax(s, -1), v[:n]))
+
+
+def test_merge_of_disjoint_key_sets_is_exact():
+    q, k, v = torch.randn(4, 2, 8, dtype=D64), torch.randn(10, 2, 8, dtype=D64), torch.randn(10, 2, 8, dtype=D64)
+    full, lse = ref.attention_with_lse(q, k, v, 0.4, 0, causal=False)
+    # positions split by p mod 3, as decode context parallelism shards them
+    parts = [ref.attention_with_lse(q, k[r::3], v[r::3], 0.4, 0, causal=False) for r in range(3)]
+    merged, mlse = ref.merge_attention_states([p[0] for p in parts], [p[1] for p in parts])
+    assert rel_err(merged, full) < 1e-13 and rel_err(mlse, lse) < 1e-13
+
+
+def test_paged_gather_and_decode():
+    page_size, R, Dr, H = 4, 8, 2, 2
+    buf = torch.randn(10, page_size, R + Dr, dtype=D64)
+    table = torch.tensor([[7, 2, 5, 0], [3, 9, 0, 0]], dtype=torch.int32)
+    lat = ref.gather_latents(buf, table[0], 10)
+    assert torch.equal(lat[:4], buf[7]) and torch.equal(lat[4:8], buf[2]) and torch.equal(lat[8:], buf[5, :2])
+    q_lat, q_rope = torch.randn(2, H, R, dtype=D64), torch.randn(2, H, Dr, dtype=D64)
+    out, lse = ref.mla_decode_paged(q_lat, q_rope, buf, table, torch.tensor([10, 6]), R, 0.3)
+    for i, n in enumerate([10, 6]):
+        o_i, l_i = ref.mla_absorbed_attention(q_lat[i : i + 1], q_rope[i : i + 1], ref.gather_latents(buf, table[i], n), R, 0.3, n - 1)
+        assert torch.equal(out[i], o_i[0]) and torch.equal(lse[i], l_i[0])

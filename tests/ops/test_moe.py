@@ -1,0 +1,54 @@
+import torch
+
+from kestrel.ops.moe import reference as ref
+
+D64 = torch.float64
+
+
+def test_situ_formula():
+    a, b = torch.randn(100, dtype=D64) * 20, torch.randn(100, dtype=D64) * 60
+    want = 4 * torch.tanh(a / 4) * torch.sigmoid(a) * 25 * torch.tanh(b / 25)
+    assert torch.allclose(ref.situ(a, b), want)
+    # soft clipping: bounded by 4 * 25 whatever the inputs
+    assert ref.situ(torch.tensor([1e6]), torch.tensor([1e6])).item() <= 100.0 + 1e-3
+
+
+def test_route_bias_chooses_scores_weight():
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]], dtype=D64)
+    bias = torch.tensor([10.0, 0.0, 0.0, 0.0], dtype=D64)
+    w, ids = ref.route(logits, bias, top_k=2, renormalize=True, scaling=2.0)
+    assert sorted(ids[0].tolist()) == [0, 3]  # expert 0 is chosen through the bias...
+    s = torch.sigmoid(logits[0, [0, 3]])
+    got = dict(zip(ids[0].tolist(), w[0].tolist()))
+    # ...but weighted by its unbiased score, renormalised, scaled
+    assert abs(got[0] - 2.0 * s[0] / s.sum()) < 1e-12 and abs(got[3] - 2.0 * s[1] / s.sum()) < 1e-12
+
+
+def test_route_top1_skips_renormalisation():
+    logits = torch.tensor([[0.5, -1.0]], dtype=D64)
+    w, ids = ref.route(logits, None, top_k=1, renormalize=True, scaling=1.5)
+    assert ids.item() == 0 and abs(w.item() - 1.5 * torch.sigmoid(torch.tensor(0.5, dtype=D64)).item()) < 1e-12
+
+
+def test_group_limited_routing_only_when_more_groups_than_chosen():
+    torch.manual_seed(0)
+    logits = torch.randn(50, 8, dtype=D64)
+    a = ref.route(logits, None, 2, True, 1.0, num_expert_group=2, topk_group=2)
+    b = ref.route(logits, None, 2, True, 1.0)
+    assert torch.equal(a[1].sort(-1).values, b[1].sort(-1).values)
+    # 4 groups of 2, keep 1 group: both experts come from one group
+    w, ids = ref.route(logits, None, 2, True, 1.0, num_expert_group=4, topk_group=1)
+    assert ((ids // 2)[:, 0] == (ids // 2)[:, 1]).all()
+
+
+def test_experts_loop_equals_dense_per_token():
+    torch.manual_seed(1)
+    T, D, I, E, k = 7, 6, 5, 4, 2
+    x = torch.randn(T, D, dtype=D64)
+    w1, w3, w2 = torch.randn(E, I, D, dtype=D64), torch.randn(E, I, D, dtype=D64), torch.randn(E, D, I, dtype=D64)
+    weights, ids = ref.route(torch.randn(T, E, dtype=D64), None, k, True, 1.0)
+    act = ref.Activation("situ")
+    out = ref.moe_experts(x, w1, w2, w3, weights, ids, act)
+    for t in range(T):
+        want = sum(weights[t, j] * (w2[e] @ act(w1[e] @ x[t], w3[e] @ x[t])) for j, e in enumerate(ids[t].tolist()))
+        assert torch.allclose(out[t], want)
