@@ -105,9 +105,10 @@ def ladder(cfg, model, args, log, floor_s):
     runner.capture()
     stage("CUDA graph, Triton kernels", lambda: runner.run(fb), 50)
     # check the graph reproduces the eager step (same state in, same logits out)
-    snap = [t.clone() for t in setup.st.ssm.values()]
+    states = list(setup.st.ssm.values()) + list(setup.st.conv.values())
+    snap = [t.clone() for t in states]
     eager = model(fb).logits.float()
-    for t, s in zip(setup.st.ssm.values(), snap):
+    for t, s in zip(states, snap):
         t.copy_(s)
     graphed = runner.run(fb).logits.float()
     log(f"graph vs eager logits rel err {((graphed - eager).norm() / eager.norm()).item():.2e}")
@@ -117,8 +118,32 @@ def ladder(cfg, model, args, log, floor_s):
     runner = DecodeGraphRunner(model, setup.mem, batch_sizes=(1,), max_pages_per_seq=setup.page_table.shape[1])
     runner.capture()
     stage("CUDA graph, + fused projection GEMMs", lambda: runner.run(fb), 50)
-    del runner, setup
+    del runner
+    kernel_breakdown(lambda: model(fb), log)
+    del setup
     return rows
+
+
+def kernel_breakdown(step, log, steps: int = 3, top: int = 14):
+    """GPU time per decode step by kernel name (eager, so the kernels are the graph's kernels without the gaps)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    agg = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            n, t = agg.get(e.name, (0, 0.0))
+            agg[e.name] = (n + 1, t + e.device_time)
+    total = sum(t for _, t in agg.values()) / steps
+    launches = sum(n for n, _ in agg.values()) / steps
+    log(f"kernel time per step (eager, fused): {total:.0f} us in {launches:.0f} launches")
+    for name, (n, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:top]:
+        log(f"  {t / steps:8.1f} us  {n / steps:6.1f}x  {name[:90]}")
 
 
 @torch.no_grad()

@@ -34,13 +34,13 @@ def rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
-def bench_chunk(log, fla, quick):
+def bench_chunk(log, fla, quick, heads=(16, 32, 96)):
     lens = [1000, 3000, 192, 4000]  # T = 8192, varlen
     cu = [0]
     for L in lens:
         cu.append(cu[-1] + L)
     T, N = cu[-1], len(lens)
-    for H in ([16] if quick else [16, 32, 96]):
+    for H in heads:
         K = V = 128
         q = kref.l2norm(torch.randn(T, H, K, device="cuda")).to(BF)
         k = kref.l2norm(torch.randn(T, H, K, device="cuda")).to(BF)
@@ -164,6 +164,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sections", default="mla,moe,decode,chunk")
+    ap.add_argument("--heads", default="16,32,96", help="KDA chunk head counts")
     args = ap.parse_args()
     log = Log(os.path.join(args.out, "kernels.log") if args.out else None)
     log(f"# kernels {stamp()} on {torch.cuda.get_device_name()} torch {torch.__version__}")
@@ -172,8 +174,12 @@ def main():
     except Exception as e:
         log(f"flash-linear-attention unavailable: {e}")
         fla = None
-    for fn in (lambda: bench_decode(log, fla, args.quick), lambda: bench_chunk(log, fla, args.quick),
-               lambda: bench_mla(log, args.quick), lambda: bench_moe(log, args.quick)):
+    heads = [int(h) for h in args.heads.split(",")]
+    sections = {"mla": lambda: bench_mla(log, args.quick), "moe": lambda: bench_moe(log, args.quick),
+                "decode": lambda: bench_decode(log, fla, args.quick),
+                "chunk": lambda: bench_chunk(log, fla, args.quick, heads)}
+    for name in args.sections.split(","):
+        fn = sections[name]
         try:
             fn()
         except Exception as e:

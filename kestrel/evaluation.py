@@ -104,6 +104,16 @@ def code_perplexity(model: K3ForCausalLM, tokenizer: Tokenizer, window: int = 51
     return CodeResult(files=len(files), tokens=tokens, nll=nll, perplexity=math.exp(nll))
 
 
+def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> K3ForCausalLM:
+    """A checkpoint in fp32 for evaluation."""
+    model = load_model(path, dtype=torch.float32, device=device, progress=False)
+    if model.cfg.tie_word_embeddings and model.lm_head.weight is not model.model.embed_tokens.weight:
+        # NOTE: load_model builds on the meta device and to_empty() unties shared parameters, leaving lm_head
+        # all zeros; re-tie until the loader does it itself
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model
+
+
 def greedy_generate_fn(model: K3ForCausalLM, tokenizer: Tokenizer) -> GenerateFn:
     """The slow, obviously correct generator: the full-forward reference over the whole sequence per token.
     Stops at a stop token of the model or once the answer line is complete."""
@@ -158,7 +168,7 @@ def run_eval(ns: argparse.Namespace, generate_fn: GenerateFn | None = None) -> d
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"--model {str(path)!r} is not a checkpoint directory (no config.json); "
                                 f"train one with `kestrel train`")
-    model = load_model(path, dtype=torch.float32, device=resolve_device(args.device), progress=False)
+    model = load_checkpoint(path, resolve_device(args.device))
     tokenizer = Tokenizer(path)
     results: dict = {"model": str(path)}
     if not args.skip_arith:

@@ -55,23 +55,37 @@ class ModelRunner:
         ids = torch.tensor(b.input_ids, dtype=torch.long, device=dev)
         if min(b.input_ids) < 0:
             ids = torch.where(ids < 0, self.future[(-ids - 1).clamp_min(0)], ids)
+        for slot in b.poison:
+            self.mem.state.poison(slot)
         for src, dst in b.restores:
             self.mem.state.copy(src, dst)
+        for slot in b.poison_late:
+            self.mem.state.poison(slot)
         positions = torch.cat([torch.arange(p, p + n) for p, n in zip(b.prefix_lens, b.extend_lens)]).to(dev)
         width = max(len(row) for row in b.page_table)
         table = torch.tensor([row + [0] * (width - len(row)) for row in b.page_table], dtype=torch.int32, device=dev)
         cu = [0]
         for n in b.extend_lens:
             cu.append(cu[-1] + n)
+        # a snapshot of the state at the end of a sequence's extend is a plain copy after the forward; the
+        # forward itself only writes snapshots from inside an extend
+        track, end_snapshots = None, []
+        if b.track is not None:
+            track = [t if t is not None and t[0] < n else None for t, n in zip(b.track, b.extend_lens)]
+            end_snapshots = [(slot, t[1]) for t, n, slot in zip(b.track, b.extend_lens, b.state_slots)
+                             if t is not None and t[0] == n]
+            track = track if any(t is not None for t in track) else None
         fb = ForwardBatch(
             b.mode, ids, positions, b.extend_lens, b.prefix_lens, mem=self.mem, page_table=table,
             out_cache_loc=torch.tensor(b.out_cache_loc, dtype=torch.long, device=dev),
-            state_slots=torch.tensor(b.state_slots, dtype=torch.long, device=dev), track=b.track,
+            state_slots=torch.tensor(b.state_slots, dtype=torch.long, device=dev), track=track,
             logits_indices=torch.tensor([cu[r + 1] - 1 for r in b.sample_rows], dtype=torch.long, device=dev),
             seq_lens_t=torch.tensor([p + n for p, n in zip(b.prefix_lens, b.extend_lens)], device=dev))
         if not b.sample_rows:
             fb.logits_indices = fb.logits_indices[:0]
         out = self.model(fb)
+        for src, dst in end_snapshots:
+            self.mem.state.copy(src, dst)
         if not b.sample_rows:
             return BatchResult([])
         s = sample(out.logits, b.sampling_states, b.want_logprobs, b.top_logprobs_num)

@@ -172,7 +172,7 @@ class Scheduler:
                 if r.budget_left > 0 and r.total_len < self.context_len:
                     decode.append((r, 1))
             elif budget > 0:
-                n = min(r.remaining, budget)
+                n = self._chunk(r, budget)
                 prefill.append((r, n))
                 budget -= n
         return decode + prefill
@@ -191,7 +191,7 @@ class Scheduler:
             self._finish(victim, {"type": "abort", "message": "sequence does not fit in the KV cache"})
             return True
         log.info("retracting %s (%d tokens) under memory pressure", victim.rid, victim.total_len)
-        self.mm.release(victim, finished=False)
+        self.mm.release(victim, keep=True)
         victim.computed_len, victim.shared_pages, victim.status = 0, 0, ReqStatus.WAITING
         victim.retractions += 1
         self.stats.retractions += 1
@@ -209,7 +209,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.args.max_running_requests:
             r = self.waiting[0]
             cached = cache.match(r, self.mm)
-            n = min(r.remaining, budget)
+            n = self._chunk(r, budget)
             pages = self.mm.pages_needed(r, n)
             if not self.mm.can_alloc(pages + reserve, cache.slots_per_request):
                 cache.unmatch(r, self.mm)
@@ -226,6 +226,10 @@ class Scheduler:
             reserve += pages
         return admitted
 
+    def _chunk(self, r: Req, budget: int) -> int:
+        limit = self.mm.cache.chunk_limit(r)
+        return min(r.remaining, budget, limit or budget)
+
     def _grow(self, r: Req, n: int) -> bool:
         """Give r the pages for n more tokens; False (and no change) when they cannot be had."""
         need = self.mm.pages_needed(r, n)
@@ -238,6 +242,9 @@ class Scheduler:
         ps = self.page_size
         ids, ext, pre, table, locs, slots, sample_rows, future_idx, states = [], [], [], [], [], [], [], [], []
         restores, track = [], []
+        # slots freed before this pass may become restore destinations now: poison them before the restores;
+        # slots freed while building (snapshot allocations) go after them (a restore may still read one)
+        poison = self.mm.take_poison()
         decode_only = all(n == 1 and r.computed_len > 0 for r, n in work)
         for row, (r, n) in enumerate(work):
             start = r.computed_len
@@ -269,6 +276,7 @@ class Scheduler:
         reqs = [r for r, _ in work]
         return Batch(
             mode=ForwardMode.DECODE if decode_only else ForwardMode.EXTEND, reqs=reqs, input_ids=ids,
+            poison=poison, poison_late=self.mm.take_poison(),
             extend_lens=ext, prefix_lens=pre, page_table=table, out_cache_loc=locs, state_slots=slots,
             sample_rows=sample_rows, future_idx=future_idx, sampling_states=states,
             want_logprobs=any(reqs[i].return_logprob for i in sample_rows),
@@ -324,7 +332,7 @@ class Scheduler:
         """Release the memory of finished requests that no submitted batch holds any more."""
         for r in [r for r in self.running if r.finished and r.inflight == 0]:
             self.running.remove(r)
-            self.mm.release(r, finished=r.finish_reason.get("type") != "abort")
+            self.mm.release(r, keep=r.finish_reason.get("type") != "abort")
             r.status = ReqStatus.FINISHED
             self.stats.finished += 1
             self._forget(r)

@@ -33,7 +33,12 @@ class NoCache:
     def after_forward(self, req: Req, mm: "MemoryManager") -> None:
         """Bookkeeping once req's forward is submitted (donations: ownership moves, no bytes)."""
 
-    def release(self, req: Req, mm: "MemoryManager", finished: bool) -> None:
+    def chunk_limit(self, req: Req) -> int | None:
+        """An upper bound on req's next prefill chunk (to end it where a snapshot is wanted), or None."""
+        return None
+
+    def release(self, req: Req, mm: "MemoryManager", keep: bool) -> None:
+        """Take back req's memory at finish or retraction (keep: the cache may keep its prefix) or abort."""
         mm.free_pages(req.pages)
         if req.slot is not None:
             mm.free_slot(req.slot)
@@ -56,6 +61,7 @@ class MemoryManager:
         self.cache = cache or NoCache()
         # tests poison freed slots with NaN so that a restore of a slot nothing wrote fails loudly
         self.poison = poison_freed_slots
+        self.to_poison: list[int] = []
 
     # ---- accounting
     @property
@@ -93,8 +99,13 @@ class MemoryManager:
 
     def free_slot(self, slot: int) -> None:
         if self.poison:
-            self.state.poison(slot)
+            # poisoned on the forward stream, after any queued forward that may still read the slot
+            self.to_poison.append(slot)
         self.state.slots.free([slot])
+
+    def take_poison(self) -> list[int]:
+        out, self.to_poison = self.to_poison, []
+        return out
 
     def extend(self, req: Req, new_tokens: int) -> None:
         """Give req the pages for its next new_tokens (the caller checked availability)."""
@@ -102,10 +113,10 @@ class MemoryManager:
         if need:
             req.pages.extend(self.alloc_pages(need))
 
-    def release(self, req: Req, finished: bool) -> None:
-        """Take back everything req holds (the cache may keep its prefix)."""
-        self.cache.release(req, self, finished)
-        req.pages, req.slot = [], None
+    def release(self, req: Req, keep: bool) -> None:
+        """Take back everything req holds (with keep, the cache may keep its prefix)."""
+        self.cache.release(req, self, keep)
+        req.pages, req.slot, req.shared_pages = [], None, 0
 
     def check_invariants(self, reqs: list[Req]) -> None:
         self.kv.pages.check("kv pages")

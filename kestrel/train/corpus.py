@@ -10,6 +10,7 @@ On disk a tokenized pool is one uint16 token array plus document start offsets; 
 
 import hashlib
 import json
+import os
 import random
 import sys
 import sysconfig
@@ -53,13 +54,8 @@ def stdlib_files(split: str, include_tests: bool = True, root: Path | None = Non
     if not root.is_dir():
         raise FileNotFoundError(f"no Python standard library at {root}")
     out = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).as_posix()
-        parts = rel.split("/")
-        if SKIP_DIRS.intersection(parts[:-1]) or parts[-1].startswith("_sysconfigdata"):
-            continue
-        if not include_tests and (TEST_DIRS.intersection(parts[:-1]) or parts[-1].startswith("test_")):
-            continue
+    for rel in _python_files(root, include_tests):
+        path = root / rel
         if is_heldout_file(rel) != (split == "heldout") or path.stat().st_size > MAX_FILE_BYTES:
             continue
         try:
@@ -72,6 +68,21 @@ def stdlib_files(split: str, include_tests: bool = True, root: Path | None = Non
         if limit is not None and len(out) >= limit:
             break
     return out
+
+
+def _python_files(root: Path, include_tests: bool) -> list[str]:
+    """Relative paths of the .py files under root, sorted component-wise; skipped folders are never walked (a
+    pyenv stdlib may hold a large site-packages)."""
+    skip = SKIP_DIRS if include_tests else SKIP_DIRS | TEST_DIRS
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in skip]
+        rel = Path(folder).relative_to(root)
+        for name in files:
+            if name.endswith(".py") and not name.startswith("_sysconfigdata") and (
+                    include_tests or not name.startswith("test_")):
+                found.append((rel / name).as_posix())
+    return sorted(found, key=lambda r: r.split("/"))
 
 
 def arith_documents(n: int, seed: int, chat_fraction: float) -> list[str]:

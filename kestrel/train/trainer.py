@@ -74,6 +74,7 @@ class TrainArgs:
     precision: str = _help("CUDA matmul precision: bf16 (autocast) or fp32 (TF32)", default="bf16")
     save_every: int = _help("steps between checkpoints", default=500)
     resume: bool = _help("continue from OUT/ckpt.pt", default=False)
+    prepare_only: bool = _help("build the tokenizer and corpus into OUT, then stop", default=False)
     export: str | None = _help("where the final model goes (default OUT/model)", default=None)
     progress: bool = _help("show a progress bar", default=True)
 
@@ -337,7 +338,7 @@ def train_step(model, optimizer, balancer, blocks, is_arith, lr, args, device, a
 
 
 def run_train(ns: argparse.Namespace) -> Path:
-    """`kestrel train`; returns the final model directory."""
+    """`kestrel train`; returns the final model directory (the data directory with --prepare-only)."""
     args = TrainArgs(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(TrainArgs) if hasattr(ns, f.name)})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -345,6 +346,10 @@ def run_train(ns: argparse.Namespace) -> Path:
     t_prep = time.perf_counter()
     tok_dir, code_pool, arith_pool, info = prepare_data(args, out)
     prep_seconds = time.perf_counter() - t_prep
+    if args.prepare_only:
+        print(f"prepared in {prep_seconds:.0f} s: {info.code_tokens:,} code tokens from {info.code_files} files, "
+              f"{info.arith_tokens:,} arithmetic tokens from {info.arith_docs:,} documents")
+        return out / "data"
 
     model = build_model(args)
     vocab = HFTokenizer.from_file(str(tok_dir / "tokenizer.json")).get_vocab_size()
@@ -365,8 +370,8 @@ def run_train(ns: argparse.Namespace) -> Path:
         steps=state.step, schedule_steps=state.total_steps, tokens=state.tokens, train_seconds=round(state.elapsed, 1),
         prep_seconds=round(prep_seconds, 1),
         tokens_per_second=round((state.tokens - tokens0) / max(1e-9, time.perf_counter() - t0)),
-        final_loss=smooth.get("loss", math.nan), final_code_loss=smooth.get("code", math.nan),
-        final_arith_loss=smooth.get("arith", math.nan), device=_device_name(device), python=info.python,
+        final_loss=smooth.get("loss"), final_code_loss=smooth.get("code"),
+        final_arith_loss=smooth.get("arith"), device=_device_name(device), python=info.python,
         corpus=dataclasses.asdict(info), args=dataclasses.asdict(args))
     return export_model(model, Path(args.export) if args.export else out / "model", tok_dir, summary)
 
@@ -412,8 +417,9 @@ def train_loop(model, optimizer, sampler: BlockSampler, state: TrainState, args:
             bar.set_postfix({**{k: f"{v:.3f}" for k, v in smooth.items()}, "lr": f"{lr:.1e}", "tok/s": f"{rate:,.0f}"},
                             refresh=False)
             bar.update(1)
-            log.write(json.dumps({"step": state.step, "loss": losses[0], "code": losses[1], "arith": losses[2],
-                                  "lr": lr, "tokens": state.tokens, "elapsed": round(state.elapsed, 3)}) + "\n")
+            code, arith = (v if math.isfinite(v) else None for v in losses[1:])
+            log.write(json.dumps({"step": state.step, "loss": losses[0], "code": code, "arith": arith, "lr": lr,
+                                  "tokens": state.tokens, "elapsed": round(state.elapsed, 3)}) + "\n")
             if state.step % args.save_every == 0:
                 save_training_state(out / "ckpt.pt", model, optimizer, state, args)
     finally:
@@ -432,9 +438,10 @@ class TrainingSummary:
     train_seconds: float
     prep_seconds: float
     tokens_per_second: float  # in the last session
-    final_loss: float  # smoothed over the last ~20 steps
-    final_code_loss: float
-    final_arith_loss: float
+    # smoothed over the last ~20 steps; None when no step saw that kind of block
+    final_loss: float | None
+    final_code_loss: float | None
+    final_arith_loss: float | None
     device: str
     python: str  # the stdlib the code corpus came from
     corpus: dict
@@ -445,9 +452,10 @@ def export_model(model: K3ForCausalLM, path: Path, tok_dir: Path, summary: Train
     """The final checkpoint: bf16 weights in Hugging Face layout, tokenizer files, training_summary.json."""
     save_checkpoint(model, path, tokenizer_dir=tok_dir, dtype=torch.bfloat16)
     (path / "training_summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2) + "\n")
+    losses = ", ".join(f"{name} {v:.3f}" for name, v in (("loss", summary.final_loss), ("code", summary.final_code_loss),
+                                                        ("arithmetic", summary.final_arith_loss)) if v is not None)
     print(f"{summary.steps} steps, {summary.tokens:,} tokens in {summary.train_seconds:.0f} s on {summary.device}; "
-          f"loss {summary.final_loss:.3f} (code {summary.final_code_loss:.3f}, arithmetic "
-          f"{summary.final_arith_loss:.3f}) -> {path}")
+          f"{losses} -> {path}")
     return path
 
 

@@ -30,7 +30,10 @@ def make_core(model, **kw) -> EngineCore:
     args = ServerArgs(model_path="k3-tiny", dtype="float64", skip_tokenizer_init=True, **kw)
     core = EngineCore(args, model=model)
     core.scheduler.check_invariants = True
+    # every slot starts as NaN and every freed slot turns NaN: a restore of a slot nothing wrote fails loudly
     core.mm.poison = True
+    for slot in range(core.mm.state.num_slots):
+        core.mm.state.poison(slot)
     return core
 
 

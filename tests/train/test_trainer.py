@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from kestrel.models.loader import load_model
+from kestrel.evaluation import load_checkpoint
 from kestrel.train import corpus, trainer
 from kestrel.train.tokenizer_train import BOS, EOS
 
@@ -18,8 +18,13 @@ def _args(*flags: str) -> argparse.Namespace:
     return parser.parse_args(list(flags))
 
 
+# k3-tiny with k3-small's tied embeddings
+TIED = '{"tie_word_embeddings": true}'
+
+
 def _tiny(out, tokenizer_dir, *extra):
-    return _args("--out", str(out), "--preset", "k3-tiny", "--tokenizer", str(tokenizer_dir), "--code-files", "20",
+    return _args("--out", str(out), "--preset", "k3-tiny", "--model-overrides", TIED, "--tokenizer", str(tokenizer_dir),
+                 "--code-files", "20",
                  "--arith-docs", "500", "--seq-len", "32", "--batch-size", "4", "--max-steps", "10",
                  "--warmup-steps", "2", "--save-every", "4", "--lr", "5e-3", "--device", "cpu", "--no-progress", *extra)
 
@@ -35,8 +40,16 @@ def test_tiny_run_learns_exports_and_resumes_exactly(tmp_path, tokenizer_dir, mo
     assert [r["step"] for r in _log(a)] == list(range(1, 11))
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, losses
 
-    # the export is a loadable bf16 checkpoint that stops on both end tokens, with its tokenizer and summary
-    model = load_model(model_dir, progress=False)
+    # the export is a loadable bf16 checkpoint of the trained weights that stops on both end tokens, with its
+    # tokenizer and summary
+    model = load_checkpoint(model_dir)
+    trained = torch.load(a / "ckpt.pt", weights_only=False)["model"]
+    ref = trainer.build_model(trainer.TrainArgs(preset="k3-tiny", model_overrides=TIED))
+    ref.load_state_dict({k: v.to(torch.bfloat16).float() if v.is_floating_point() and not k.endswith(
+        ("A_log", "dt_bias", "gate.weight", "e_score_correction_bias")) else v for k, v in trained.items()})
+    tokens = list(range(10, 60))
+    assert torch.allclose(model.reference_logits(tokens), ref.reference_logits(tokens), atol=1e-5)
+    assert model.reference_logits(tokens).std() > 0.05  # trained logits, not an all-zero head
     assert model.cfg.eos_token_ids == (2, 7) and model.cfg.bos_token_id == 1
     assert json.loads((model_dir / "config.json").read_text())["torch_dtype"] == "bfloat16"
     assert (model_dir / "tokenizer.json").exists() and (model_dir / "generation_config.json").exists()
@@ -144,3 +157,17 @@ def test_wall_clock_budget_sets_the_schedule(tmp_path, tokenizer_dir):
     assert trainer.CALIBRATE_FROM + 20 <= summary["schedule_steps"] < 100000
     assert summary["steps"] <= summary["schedule_steps"]
     assert summary["train_seconds"] < 6 + 1
+
+
+def test_prepare_only_builds_tokenizer_and_corpus_once(tmp_path):
+    out = tmp_path / "run"
+    flags = ["--out", str(out), "--code-files", "40", "--arith-docs", "300", "--prepare-only", "--no-progress"]
+    data = trainer.run_train(_args(*flags))
+    info = json.loads((data / "corpus.json").read_text())
+    assert info["code_files"] == 40 and info["arith_docs"] == 300 and info["code_tokens"] > 100_000
+    assert (out / "tokenizer" / "tokenizer.json").exists() and not (out / "ckpt.pt").exists()
+    code, arith_pool, _ = corpus.load_corpus(data)
+    assert arith_pool.num_docs == 300 and code.num_docs == 40
+    assert code.tokens.max() < 4096 and code.tokens[0] == BOS
+    with pytest.raises(ValueError, match="arith_docs = 300, not 400"):
+        trainer.run_train(_args(*flags[:5], "400", *flags[6:]))

@@ -14,24 +14,30 @@ from kestrel.ops.kda.triton_chunk import kda_chunked  # noqa: F401
 
 
 @triton.jit
-def _conv_silu(mixed_ptr, w_ptr, tail_ptr, ch, mask, C, W: tl.constexpr, WRITE: tl.constexpr):
-    """Short conv over [tail (W-1 taps), x] for channels ch, rounded like the reference; updates the tail."""
-    x = tl.load(mixed_ptr + ch, mask=mask, other=0.0)
+def _conv_silu(mixed_ptr, w_ptr, tail_ptr, ch, C, W: tl.constexpr, BW: tl.constexpr):
+    """Short conv over the window [tail (W-1 taps), x] for channels ch, rounded like the reference.
+
+    Returns (SiLU output in fp32, the window [BW, len(ch)]); the caller writes window rows 1.. back as the new tail
+    after a barrier: replicated lanes of other warps may still be reading the old tail.
+    """
+    rw = tl.arange(0, BW)
+    x = tl.load(mixed_ptr + ch)
     dt = x.dtype
-    y = (tl.load(tail_ptr + ch, mask=mask, other=0.0).to(tl.float32)
-         * tl.load(w_ptr + ch * W, mask=mask, other=0.0).to(tl.float32)).to(dt)
+    win = tl.load(tail_ptr + rw[:, None] * C + ch[None, :], mask=rw[:, None] < W - 1, other=0.0)
+    win = tl.where(rw[:, None] == W - 1, x[None, :], win)
+    wt = tl.load(w_ptr + ch[None, :] * W + rw[:, None], mask=rw[:, None] < W, other=0.0)
+    prod = (win.to(tl.float32) * wt.to(tl.float32)).to(dt).to(tl.float32)
+    y = tl.sum(tl.where(rw[:, None] == 0, prod, 0.0), 0).to(dt)
     for j in tl.static_range(1, W):
-        if j < W - 1:
-            win = tl.load(tail_ptr + j * C + ch, mask=mask, other=0.0)
-        else:
-            win = x
-        p = (win.to(tl.float32) * tl.load(w_ptr + ch * W + j, mask=mask, other=0.0).to(tl.float32)).to(dt)
-        y = (y.to(tl.float32) + p.to(tl.float32)).to(dt)
-        if WRITE:
-            # the new tail is the window shifted by one: tap j - 1 takes tap j (loaded above, before the write)
-            tl.store(tail_ptr + (j - 1) * C + ch, win, mask=mask)
+        y = (y.to(tl.float32) + tl.sum(tl.where(rw[:, None] == j, prod, 0.0), 0)).to(dt)
     yf = y.to(tl.float32)
-    return (yf * tl.sigmoid(yf)).to(dt).to(tl.float32)
+    return (yf * tl.sigmoid(yf)).to(dt).to(tl.float32), win
+
+
+@triton.jit
+def _store_tail(tail_ptr, win, ch, C, W: tl.constexpr, BW: tl.constexpr):
+    rw = tl.arange(0, BW)
+    tl.store(tail_ptr + (rw[:, None] - 1) * C + ch[None, :], win, mask=(rw[:, None] >= 1) & (rw[:, None] < W))
 
 
 @triton.jit
@@ -42,7 +48,8 @@ def _l2norm_round(x, eps, dt: tl.constexpr):
 @triton.jit
 def _kda_decode_kernel(mixed_ptr, w_ptr, conv_ptr, ssm_ptr, slots_ptr, raw_ptr, alog_ptr, dtb_ptr, beta_ptr, o_ptr,
                        H, stride_m, lower_bound, scale,
-                       K: tl.constexpr, V: tl.constexpr, W: tl.constexpr, SAFE_GATE: tl.constexpr):
+                       K: tl.constexpr, V: tl.constexpr, W: tl.constexpr, BW: tl.constexpr,
+                       SAFE_GATE: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     slot = tl.load(slots_ptr + b).to(tl.int64)
@@ -52,11 +59,13 @@ def _kda_decode_kernel(mixed_ptr, w_ptr, conv_ptr, ssm_ptr, slots_ptr, raw_ptr, 
     rv = tl.arange(0, V)
     mrow = mixed_ptr + b * stride_m
     tail = conv_ptr + slot * (W - 1) * C
-    ones_k = rk < K
-    ones_v = rv < V
-    q = _conv_silu(mrow, w_ptr, tail, h * K + rk, ones_k, C, W, True)
-    k = _conv_silu(mrow, w_ptr, tail, H * K + h * K + rk, ones_k, C, W, True)
-    v = _conv_silu(mrow, w_ptr, tail, 2 * H * K + h * V + rv, ones_v, C, W, True)
+    q, qw = _conv_silu(mrow, w_ptr, tail, h * K + rk, C, W, BW)
+    k, kw = _conv_silu(mrow, w_ptr, tail, H * K + h * K + rk, C, W, BW)
+    v, vw = _conv_silu(mrow, w_ptr, tail, 2 * H * K + h * V + rv, C, W, BW)
+    tl.debug_barrier()
+    _store_tail(tail, qw, h * K + rk, C, W, BW)
+    _store_tail(tail, kw, H * K + h * K + rk, C, W, BW)
+    _store_tail(tail, vw, 2 * H * K + h * V + rv, C, W, BW)
     q = _l2norm_round(q, 1e-6, dt) * scale
     k = _l2norm_round(k, 1e-6, dt)
     # gate in fp32 from the bottleneck output
@@ -93,5 +102,5 @@ def kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_b
         _kda_decode_kernel[(B, H)](
             mixed, conv_weight.contiguous(), conv_state, ssm, slots, raw_gate.contiguous(), A_log, dt_bias,
             beta.contiguous(), o, H, mixed.stride(0), 0.0 if lower_bound is None else float(lower_bound), float(scale),
-            K=K, V=V, W=W, SAFE_GATE=lower_bound is not None, num_warps=8 if K * V >= 128 * 128 else 4)
+            K=K, V=V, W=W, BW=triton.next_power_of_2(W), SAFE_GATE=lower_bound is not None, num_warps=8 if K * V >= 128 * 128 else 4)
     return o

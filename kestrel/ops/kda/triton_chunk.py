@@ -21,13 +21,17 @@ BT = 16  # row block of the intra-chunk factorisation
 
 @triton.jit
 def _inv_unit_lower(a):
-    """(I + a)^-1 for a strictly lower [16, 16] block, by forward substitution in registers."""
+    """(I + a)^-1 for a strictly lower [16, 16] block: a is nilpotent (a^16 = 0), so the inverse is
+    sum_k (-a)^k = (I - a)(I + a^2)(I + a^4)(I + a^8): six tiny matrix products instead of 15 dependent row steps."""
     r = tl.arange(0, 16)
-    x = (r[:, None] == r[None, :]).to(tl.float32)
-    for i in tl.static_range(1, 16):
-        ai = tl.sum(tl.where(r[:, None] == i, a, 0.0), 0)  # row i of a
-        row = tl.where(r == i, 1.0, 0.0) - tl.sum(ai[:, None] * x, 0)
-        x = tl.where(r[:, None] == i, row[None, :], x)
+    eye = (r[:, None] == r[None, :]).to(tl.float32)
+    a2 = tl.dot(a, a, input_precision="ieee")
+    a4 = tl.dot(a2, a2, input_precision="ieee")
+    a8 = tl.dot(a4, a4, input_precision="ieee")
+    x = eye - a
+    x += tl.dot(x, a2, input_precision="ieee")
+    x += tl.dot(x, a4, input_precision="ieee")
+    x += tl.dot(x, a8, input_precision="ieee")
     return x
 
 
