@@ -8,7 +8,7 @@ import torch
 
 from kestrel.models.k3 import K3ForCausalLM
 from kestrel.models.loader import load_model
-from kestrel.models.presets import PRESETS, init_random, preset_config
+from kestrel.models.presets import BUNDLED_VOCAB, PRESETS, init_random, preset_config
 
 log = logging.getLogger(__name__)
 
@@ -38,19 +38,11 @@ def resolve(model_path: str | None, dtype: torch.dtype, device, seed: int = 0, p
         cfg = preset_config(model_path)
         model = K3ForCausalLM(cfg, dtype=dtype).to(device)
         init_random(model, seed=seed)
-        tok = BUNDLED if bundled_available() and cfg.vocab_size == _bundled_vocab() else None
+        # the random presets sized to the bundled vocabulary speak through the bundled tokenizer
+        tok = BUNDLED if (BUNDLED / "tokenizer.json").exists() and cfg.vocab_size == BUNDLED_VOCAB else None
         return ResolvedModel(model.eval(), model_path, tok)
     path = Path(model_path)
     if not path.is_dir():
         raise FileNotFoundError(f"--model {model_path!r} is neither a preset ({', '.join(PRESETS)}) nor a directory")
     tok = path if (path / "tokenizer.json").exists() else None
     return ResolvedModel(load_model(path, dtype, device, progress), path.name, tok)
-
-
-def _bundled_vocab() -> int | None:
-    import json
-
-    try:
-        return json.loads((BUNDLED / "config.json").read_text()).get("vocab_size")
-    except (OSError, ValueError):
-        return None
