@@ -13,7 +13,7 @@ from kestrel.config import ServerArgs
 from kestrel.engine.batch import Batch, BatchResult
 from kestrel.engine.sampler import sample
 from kestrel.mem.pools import KVPool, Memory, StatePool
-from kestrel.models.forward_batch import ForwardBatch
+from kestrel.models.forward_batch import ForwardBatch, ForwardMode
 from kestrel.models.k3 import K3ForCausalLM
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,10 @@ class ModelRunner:
             self.mem.state.copy(src, dst)
         for slot in b.poison_late:
             self.mem.state.poison(slot)
-        positions = torch.cat([torch.arange(p, p + n) for p, n in zip(b.prefix_lens, b.extend_lens)]).to(dev)
+        if b.mode == ForwardMode.DECODE:
+            positions = torch.tensor(b.prefix_lens, dtype=torch.long, device=dev)
+        else:
+            positions = torch.cat([torch.arange(p, p + n) for p, n in zip(b.prefix_lens, b.extend_lens)]).to(dev)
         width = max(len(row) for row in b.page_table)
         table = torch.tensor([row + [0] * (width - len(row)) for row in b.page_table], dtype=torch.int32, device=dev)
         cu = [0]

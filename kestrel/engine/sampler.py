@@ -79,9 +79,12 @@ def _filter(probs: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 def sample(logits: torch.Tensor, states: list[SamplingState], want_logprobs: bool, top_logprobs_num: int) -> SampleOutput:
     """logits [B, V] -> one token per row. Advances every state by one step."""
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-    tokens = torch.empty(len(states), dtype=torch.long, device=logits.device)
+    # plain greedy rows (no penalty, nothing held back) take one batched argmax
+    tokens = logits.argmax(-1)
     for i, st in enumerate(states):
         p = st.params
+        if p.greedy and not st.needs_counts and not (st.step < p.min_new_tokens and st.stop_ids):
+            continue
         row = logits[i].clone()
         if st.needs_counts:
             row = _apply_penalties(row, st)

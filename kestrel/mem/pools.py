@@ -4,6 +4,8 @@ Index 0 of each pool is a scratch page / slot that is never handed out: padded b
 write it harmlessly. Both pools expose the per-layer tensor views the model reads through `MemoryViews`.
 """
 
+import heapq
+
 import torch
 
 from kestrel.models.config import K3Config
@@ -19,13 +21,13 @@ class FreeList:
 
     def __init__(self, n: int):
         self.capacity = n - 1
-        self._free = list(range(n - 1, 0, -1))
+        self._free = list(range(1, n))  # a min-heap (sorted is a valid heap)
         self._used: set[int] = set()
 
     def alloc(self, count: int = 1) -> list[int]:
         if count > len(self._free):
             raise OutOfMemory(f"need {count}, {len(self._free)} free")
-        ids = [self._free.pop() for _ in range(count)]
+        ids = [heapq.heappop(self._free) for _ in range(count)]
         self._used.update(ids)
         return ids
 
@@ -33,9 +35,7 @@ class FreeList:
         for i in ids:
             assert i in self._used, f"double free or foreign id {i}"
             self._used.remove(i)
-            self._free.append(i)
-        # keep the free list sorted so allocation order stays deterministic
-        self._free.sort(reverse=True)
+            heapq.heappush(self._free, i)
 
     @property
     def num_free(self) -> int:

@@ -18,8 +18,11 @@ def make(T, H=2, K=8, V=6, dtype=torch.float64, lb=-5.0, gate_scale=3.0, seed=0)
 
 @pytest.mark.parametrize("T", [1, 63, 64, 65, 130, 200])
 @pytest.mark.parametrize("with_state", [False, True])
-def test_chunked_equals_recurrent(T, with_state):
-    q, k, v, g, b = make(T, seed=T)
+@pytest.mark.parametrize("lb", [-5.0, None])
+def test_chunked_equals_recurrent(T, with_state, lb):
+    # safe gates take the factored sub-chunk path; large softplus gates (lb None, scale 30) the pairwise one
+    q, k, v, g, b = make(T, seed=T, lb=lb, gate_scale=3.0 if lb else 30.0)
+    assert (g.min() < -10) == (lb is None)
     S0 = torch.randn(1, 2, 8, 6, dtype=torch.float64) if with_state else None
     o_rec, s_rec = ref.kda_recurrent(q[None], k[None], v[None], g[None], b[None], initial_state=S0)
     o_chk, s_chk = ref.kda_chunked(q, k, v, g, b, initial_state=S0)

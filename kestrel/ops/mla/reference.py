@@ -59,11 +59,18 @@ def merge_attention_states(outs: list[torch.Tensor], lses: list[torch.Tensor]):
 
 
 def mla_decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank: int, scale: float):
-    """Reference of the batched paged decode (see kestrel.ops.mla.decode_paged)."""
-    outs, lses = [], []
-    for i, n in enumerate(seq_lens.tolist()):
-        lat = gather_latents(kv_buffer, page_table[i], n).to(q_lat.dtype)
-        o, lse = mla_absorbed_attention(q_lat[i : i + 1], q_rope[i : i + 1], lat, kv_lora_rank, scale, q_offset=n - 1)
-        outs.append(o)
-        lses.append(lse)
-    return torch.cat(outs), torch.cat(lses)
+    """Reference of the batched paged decode (see kestrel.ops.mla.decode_paged): all sequences at once, keys
+    gathered through the page table into a padded [B, S_max] block and masked past each sequence's length."""
+    num_pages, page_size, D = kv_buffer.shape
+    B, H, R = q_lat.shape
+    dt = torch.float64 if q_lat.dtype == torch.float64 else torch.float32
+    s_max = int(page_table.shape[1]) * page_size
+    pos = torch.arange(s_max, device=q_lat.device)
+    slots = page_table.long()[:, pos // page_size] * page_size + pos % page_size  # [B, S]
+    lat = kv_buffer.view(num_pages * page_size, D)[slots].to(dt)  # [B, S, R + Dr]
+    q = torch.cat([q_lat, q_rope], dim=-1).to(dt)  # [B, H, R + Dr]
+    s = torch.einsum("bhd,bsd->bhs", q, lat) * scale
+    s = s.masked_fill(pos[None, None, :] >= seq_lens.view(B, 1, 1), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    out = torch.einsum("bhs,bsr->bhr", torch.exp(s - lse.unsqueeze(-1)), lat[..., :kv_lora_rank])
+    return out.to(q_lat.dtype), lse

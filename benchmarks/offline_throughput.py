@@ -1,0 +1,88 @@
+"""Offline throughput of the engine against a plain one-request-at-a-time generate loop, in one run.
+
+    python benchmarks/offline_throughput.py [--models k3-tiny,k3-small] [--concurrency 1,8,64]
+
+The loop is the same model and memory pools driven directly (prefill, then one decode forward per token, greedy),
+with no scheduler: at concurrency 1 the engine must be no slower (the scheduler costs ~nothing), at 64 it
+should be >= 20x faster (batching). Output tokens per second; prompts are random token ids.
+"""
+
+import argparse
+import time
+
+import torch
+
+from kestrel import Engine
+from kestrel.mem.pools import KVPool, Memory, StatePool
+from kestrel.models.forward_batch import ForwardBatch, ForwardMode
+
+
+def plain_loop(model, prompts: list[list[int]], new_tokens: int) -> float:
+    """Generate for each prompt in turn; returns output tokens per second."""
+    cfg, dt = model.cfg, model.dtype
+    max_len = max(map(len, prompts)) + new_tokens
+    mem = Memory(KVPool(cfg, max_len + 1, 1, dt, "cpu"), StatePool(cfg, 2, dt, "cpu"))
+    table = torch.arange(1, max_len + 1, dtype=torch.int32).view(1, -1)
+    slot = torch.tensor([1])
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for prompt in prompts:
+            n = len(prompt)
+            fb = ForwardBatch(ForwardMode.EXTEND, torch.tensor(prompt), torch.arange(n), [n], [0], mem=mem,
+                              page_table=table, out_cache_loc=torch.arange(1, n + 1), state_slots=slot,
+                              logits_indices=torch.tensor([n - 1]))
+            tok = model(fb).logits.argmax(-1)
+            for i in range(n, n + new_tokens - 1):
+                fb = ForwardBatch(ForwardMode.DECODE, tok, torch.tensor([i]), [1], [i], mem=mem, page_table=table,
+                                  out_cache_loc=torch.tensor([i + 1]), state_slots=slot,
+                                  seq_lens_t=torch.tensor([i + 1]))
+                tok = model(fb).logits.argmax(-1)
+    return len(prompts) * new_tokens / (time.perf_counter() - start)
+
+
+def engine_run(engine: Engine, prompts, new_tokens: int) -> float:
+    params = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+    start = time.perf_counter()
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    elapsed = time.perf_counter() - start
+    assert all(len(o["output_ids"]) == new_tokens for o in outs)
+    return len(prompts) * new_tokens / elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="k3-tiny,k3-small")
+    ap.add_argument("--concurrency", default="1,8,64")
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--loop-requests", type=int, default=8)
+    args = ap.parse_args()
+    rows = []
+    for name in args.models.split(","):
+        engine_args = dict(dtype="float32", skip_tokenizer_init=True, disable_radix_cache=True,
+                           chunked_prefill_size=8192)
+        engine = Engine(name, **engine_args)
+        model = engine.core.model
+        gen = torch.Generator().manual_seed(0)
+        vocab = model.cfg.vocab_size
+
+        def prompts(k):
+            return [torch.randint(0, vocab, (args.prompt_len,), generator=gen).tolist() for _ in range(k)]
+
+        engine_run(engine, prompts(2), 4)  # warm-up
+        loop = plain_loop(model, prompts(args.loop_requests), args.new_tokens)
+        engine.shutdown()
+        for c in map(int, args.concurrency.split(",")):
+            engine = Engine(name, **engine_args, max_running_requests=c)
+            tps = engine_run(engine, prompts(max(c * 2, args.loop_requests)), args.new_tokens)
+            engine.shutdown()
+            rows.append((name, c, tps, loop, tps / loop))
+            print(f"{name:10s} concurrency {c:3d}: engine {tps:9.1f} tok/s   loop {loop:8.1f} tok/s   x{tps / loop:6.2f}",
+                  flush=True)
+    print("\n| model | concurrency | engine tok/s | plain loop tok/s | ratio |\n|---|---|---|---|---|")
+    for name, c, tps, loop, ratio in rows:
+        print(f"| {name} | {c} | {tps:.1f} | {loop:.1f} | {ratio:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
