@@ -127,6 +127,39 @@ def bench_mla(log, quick):
             f"{flops / t / 1e12:.0f} TFLOP/s")
 
 
+def bench_gemv(log):
+    """Decode-batch (M = 1) linears of k3-mini: the Triton GEMV probe against cuBLAS, both inside CUDA graphs."""
+    from kestrel.ops.linear import triton as lin_t
+
+    for N, K, what in [(8336, 2048, "KDA fused in-proj"), (2048, 2048, "o_proj"), (3072, 2048, "MoE front end"),
+                       (2048, 1024, "latent up"), (32000, 2048, "lm_head")]:
+        w = torch.randn(N, K, device="cuda").to(BF)
+        x = torch.randn(1, K, device="cuda").to(BF)
+        err = rel(lin_t.linear(x, w), torch.nn.functional.linear(x.float(), w.float()))
+        ours = graph_time(lambda: lin_t.linear(x, w))
+        cub = graph_time(lambda: torch.nn.functional.linear(x, w))
+        row(log, "gemv (probe, M=1)", f"{what} {N}x{K}", ours, cub, "cuBLAS F.linear",
+            f"{N * K * 2 / ours / 1e12:.2f} vs {N * K * 2 / cub / 1e12:.2f} TB/s; rel err {err:.1e}")
+
+
+def bench_mla_splits(log):
+    """Split count of the paged MLA decode at batch 1, ctx 1024 (the ladder's shape), graph-timed."""
+    H, R, DR, PS, ctx = 16, 512, 64, 64, 1024
+    pages = ctx // PS + 1
+    kv = torch.randn(pages + 1, PS, R + DR, device="cuda").to(BF)
+    pt = (torch.arange(pages, device="cuda").view(1, pages) + 1).int()
+    sl = torch.full((1,), ctx + 1, device="cuda", dtype=torch.int32)
+    ql, qr = torch.randn(1, H, R, device="cuda").to(BF), torch.randn(1, H, DR, device="cuda").to(BF)
+    default = mla_t.num_splits
+    try:
+        for ns in (default(1, 1, pages * PS), 17, 33):
+            mla_t.num_splits = lambda *a, ns=ns: ns
+            t = graph_time(lambda: mla_t.mla_decode_paged(ql, qr, kv, pt, sl, R, 0.07))
+            row(log, "mla_decode splits", f"B=1 ctx={ctx} splits={ns}", t, note="graph-timed, both launches")
+    finally:
+        mla_t.num_splits = default
+
+
 def bench_moe(log, quick):
     from kestrel.models.layers.linear import ExpertWeights
     from kestrel.ops.mxfp4 import reference as mx
@@ -175,7 +208,8 @@ def main():
         log(f"flash-linear-attention unavailable: {e}")
         fla = None
     heads = [int(h) for h in args.heads.split(",")]
-    sections = {"mla": lambda: bench_mla(log, args.quick), "moe": lambda: bench_moe(log, args.quick),
+    sections = {"gemv": lambda: bench_gemv(log), "splits": lambda: bench_mla_splits(log),
+                "mla": lambda: bench_mla(log, args.quick), "moe": lambda: bench_moe(log, args.quick),
                 "decode": lambda: bench_decode(log, fla, args.quick),
                 "chunk": lambda: bench_chunk(log, fla, args.quick, heads)}
     for name in args.sections.split(","):

@@ -27,7 +27,7 @@ from kestrel.train.trainer import add_dataclass_args, resolve_device
 GenerateFn = Callable[[list[str], int], list[str]]
 DEFAULT_MODEL = Path(__file__).parent / "assets" / "k3-small"
 # the longest worked solution (two-digit by two-digit multiplication) is ~230 tokens
-DEFAULT_MAX_NEW_TOKENS = 256
+DEFAULT_MAX_NEW_TOKENS = 400
 
 
 def wilson_interval(passed: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -106,12 +106,7 @@ def code_perplexity(model: K3ForCausalLM, tokenizer: Tokenizer, window: int = 51
 
 def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> K3ForCausalLM:
     """A checkpoint in fp32 for evaluation."""
-    model = load_model(path, dtype=torch.float32, device=device, progress=False)
-    if model.cfg.tie_word_embeddings and model.lm_head.weight is not model.model.embed_tokens.weight:
-        # NOTE: load_model builds on the meta device and to_empty() unties shared parameters, leaving lm_head
-        # all zeros; re-tie until the loader does it itself
-        model.lm_head.weight = model.model.embed_tokens.weight
-    return model
+    return load_model(path, dtype=torch.float32, device=device, progress=False)
 
 
 def greedy_generate_fn(model: K3ForCausalLM, tokenizer: Tokenizer) -> GenerateFn:
@@ -168,7 +163,9 @@ def run_eval(ns: argparse.Namespace, generate_fn: GenerateFn | None = None) -> d
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"--model {str(path)!r} is not a checkpoint directory (no config.json); "
                                 f"train one with `kestrel train`")
-    model = load_checkpoint(path, resolve_device(args.device))
+    # an engine's generate_fn holds its own copy of the weights: load them here only when something reads them
+    needs_model = not args.skip_code or (generate_fn is None and not args.skip_arith)
+    model = load_checkpoint(path, resolve_device(args.device)) if needs_model else None
     tokenizer = Tokenizer(path)
     results: dict = {"model": str(path)}
     if not args.skip_arith:
@@ -180,6 +177,22 @@ def run_eval(ns: argparse.Namespace, generate_fn: GenerateFn | None = None) -> d
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return results
+
+
+def run_eval_cli(ns: argparse.Namespace) -> int:
+    """`kestrel eval` on the command line: the arithmetic generations go through the serving engine (greedy)."""
+    if ns.skip_arith:
+        run_eval(ns)
+        return 0
+    from kestrel.engine.engine import Engine
+
+    with Engine(model=ns.model, device=ns.device) as engine:
+        def generate(prompts: list[str], max_new_tokens: int) -> list[str]:
+            outs = engine.generate(prompts, {"max_new_tokens": max_new_tokens, "temperature": 0.0})
+            return [o["text"] for o in outs]
+
+        run_eval(ns, generate_fn=generate)
+    return 0
 
 
 def format_results(results: dict) -> str:

@@ -29,11 +29,9 @@ class Batch:
     sampling_states: list[SamplingState]
     want_logprobs: bool = False
     top_logprobs_num: int = 0
-    # state movements, in this order before the forward: poison (tests), restores src -> dst, poison_late;
-    # then the forward writes its snapshots (track)
-    poison: list[int] = field(default_factory=list)
-    poison_late: list[int] = field(default_factory=list)
-    restores: list[tuple[int, int]] = field(default_factory=list)
+    # memory operations (restores, unified-pool moves, poison) in decision order, run before the forward;
+    # then the forward writes its snapshots (track: per sequence, (tokens into the extend, physical slot))
+    mem_ops: list[tuple] = field(default_factory=list)
     track: list[tuple[int, int] | None] | None = None
 
     @property

@@ -1,8 +1,8 @@
 """CUDA-graph decode: one captured `model(ForwardBatch(DECODE))` per batch-size bucket, replayed with padding.
 
 Each bucket's graph reads static input buffers (token ids, positions, page table, state slots, sequence lengths,
-cache locations); `run` copies a batch into them, pads up to the bucket with rows that point at the pools' scratch
-page 0 and scratch state slot 0 (never handed out, so padded rows read and write harmlessly), replays, and slices
+cache locations); `run` copies a batch into them, pads up to the bucket with rows that point at the memory's
+scratch page and scratch state slot (never handed out, so padded rows read and write harmlessly), replays, and slices
 the real rows out of the static outputs. The captured forward must do no host synchronisation and read no host
 values that change between steps: decode kernels read `fb.seq_lens_t`, never `fb.seq_lens`.
 """
@@ -24,10 +24,12 @@ class DecodeGraphRunner:
         dev = torch.device(device)
         self.input_ids = torch.zeros(n, dtype=torch.long, device=dev)
         self.positions = torch.zeros(n, dtype=torch.long, device=dev)
-        self.page_table = torch.zeros(n, max_pages_per_seq, dtype=torch.int32, device=dev)
-        self.state_slots = torch.zeros(n, dtype=torch.long, device=dev)
+        self.scratch_page, self.scratch_slot = mem.scratch_page, mem.scratch_slot
+        self.scratch_loc = mem.scratch_page * mem.page_size
+        self.page_table = torch.full((n, max_pages_per_seq), self.scratch_page, dtype=torch.int32, device=dev)
+        self.state_slots = torch.full((n,), self.scratch_slot, dtype=torch.long, device=dev)
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=dev)
-        self.out_cache_loc = torch.zeros(n, dtype=torch.long, device=dev)
+        self.out_cache_loc = torch.full((n,), self.scratch_loc, dtype=torch.long, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, object] = {}
         self.pool = None
@@ -85,12 +87,12 @@ class DecodeGraphRunner:
         else:
             self.seq_lens[:bs].copy_(torch.tensor(fb.seq_lens, dtype=torch.int32), non_blocking=True)
         if b > bs:
-            # padding rows: token 0 at position 0 of scratch page 0 / scratch state slot 0, one key
+            # padding rows: token 0 at position 0 of the scratch page / scratch state slot, one key
             self.input_ids[bs:b].zero_()
             self.positions[bs:b].zero_()
-            self.state_slots[bs:b].zero_()
-            self.out_cache_loc[bs:b].zero_()
-            self.page_table[bs:b].zero_()
+            self.state_slots[bs:b].fill_(self.scratch_slot)
+            self.out_cache_loc[bs:b].fill_(self.scratch_loc)
+            self.page_table[bs:b].fill_(self.scratch_page)
             self.seq_lens[bs:b].fill_(1)
         self.graphs[b].replay()
         out = self.outputs[b]

@@ -13,6 +13,7 @@ from kestrel.config import ServerArgs
 from kestrel.engine.batch import Batch, BatchResult
 from kestrel.engine.sampler import sample
 from kestrel.mem.pools import KVPool, Memory, StatePool
+from kestrel.mem.unified import UnifiedMemory, unified_bytes
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode
 from kestrel.models.k3 import K3ForCausalLM
 
@@ -27,20 +28,45 @@ class ModelRunner:
         self.device = model.lm_head.weight.device
         self.dtype = model.dtype
         self.mem = self._make_memory(slots_per_request)
+        self.graphs = None
+        if self.device.type == "cuda":
+            # one GEMM per group of projections sharing an input (weights become views: no extra memory)
+            model.fuse_projections()
+            if not args.disable_cuda_graph:
+                self.graphs = self._capture_graphs()
         # sampled tokens the next batch may read before the scheduler has seen them
         self.future_size = 4 * args.max_running_requests + 16
         self.future = torch.zeros(self.future_size, dtype=torch.long, device=self.device)
 
-    def _make_memory(self, slots_per_request: int) -> Memory:
+    def _make_memory(self, slots_per_request: int):
         a = self.args
         ps = a.page_size
         tokens = a.max_total_tokens or self._default_tokens()
-        kv = KVPool(self.cfg, -(-tokens // ps) + 1, ps, self.dtype, self.device)
         slots = a.max_state_slots or a.max_running_requests * slots_per_request + 1
+        if a.enable_unified_memory:
+            # the same bytes the two static pools would take, as one pool either side can fill
+            probe = UnifiedPool(self.cfg, 0, ps, self.dtype, "meta") if False else None
+            mem = UnifiedMemory(self.cfg, unified_bytes(self.cfg, tokens, slots, ps, self.dtype), ps, self.dtype,
+                                self.device)
+            log.info("unified memory: %.1f MB (%d-byte state blocks, %d-byte KV pages)", mem.pool.total / 1e6,
+                     mem.pool.slot_bytes, mem.pool.page_bytes)
+            return mem
+        kv = KVPool(self.cfg, -(-tokens // ps) + 1, ps, self.dtype, self.device)
         state = StatePool(self.cfg, slots, self.dtype, self.device)
         log.info("memory: %d KV pages of %d tokens (%.1f MB), %d state slots (%.1f MB)", kv.num_pages - 1, ps,
                  kv.bytes_per_page() * kv.num_pages / 1e6, slots - 1, state.bytes_per_slot() * slots / 1e6)
         return Memory(kv, state)
+
+    def _capture_graphs(self):
+        from kestrel.engine.cuda_graph import DEFAULT_BATCH_SIZES, DecodeGraphRunner
+
+        cap = min(self.args.cuda_graph_max_bs, self.args.max_running_requests)
+        sizes = sorted({b for b in DEFAULT_BATCH_SIZES if b <= cap} | {cap})
+        context = self.args.context_length or self.cfg.model_max_length
+        runner = DecodeGraphRunner(self.model, self.mem, sizes, -(-context // self.args.page_size), self.device)
+        runner.capture()
+        log.info("captured decode CUDA graphs for batch sizes %s", sizes)
+        return runner
 
     def _default_tokens(self) -> int:
         if self.device.type != "cuda":
@@ -55,18 +81,15 @@ class ModelRunner:
         ids = torch.tensor(b.input_ids, dtype=torch.long, device=dev)
         if min(b.input_ids) < 0:
             ids = torch.where(ids < 0, self.future[(-ids - 1).clamp_min(0)], ids)
-        for slot in b.poison:
-            self.mem.state.poison(slot)
-        for src, dst in b.restores:
-            self.mem.state.copy(src, dst)
-        for slot in b.poison_late:
-            self.mem.state.poison(slot)
+        for op in b.mem_ops:
+            self.mem.run(op)
         if b.mode == ForwardMode.DECODE:
             positions = torch.tensor(b.prefix_lens, dtype=torch.long, device=dev)
         else:
             positions = torch.cat([torch.arange(p, p + n) for p, n in zip(b.prefix_lens, b.extend_lens)]).to(dev)
         width = max(len(row) for row in b.page_table)
-        table = torch.tensor([row + [0] * (width - len(row)) for row in b.page_table], dtype=torch.int32, device=dev)
+        pad = self.mem.scratch_page
+        table = torch.tensor([row + [pad] * (width - len(row)) for row in b.page_table], dtype=torch.int32, device=dev)
         cu = [0]
         for n in b.extend_lens:
             cu.append(cu[-1] + n)
@@ -86,9 +109,12 @@ class ModelRunner:
             seq_lens_t=torch.tensor([p + n for p, n in zip(b.prefix_lens, b.extend_lens)], device=dev))
         if not b.sample_rows:
             fb.logits_indices = fb.logits_indices[:0]
-        out = self.model(fb)
+        if self.graphs is not None and self.graphs.can_run(fb):
+            out = self.graphs.run(fb)
+        else:
+            out = self.model(fb)
         for src, dst in end_snapshots:
-            self.mem.state.copy(src, dst)
+            self.mem.run(("copy_slot", src, dst))
         if not b.sample_rows:
             return BatchResult([])
         s = sample(out.logits, b.sampling_states, b.want_logprobs, b.top_logprobs_num)

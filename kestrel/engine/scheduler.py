@@ -239,28 +239,19 @@ class Scheduler:
         return True
 
     def _build(self, work: list[tuple[Req, int]]) -> Batch:
-        ps = self.page_size
-        ids, ext, pre, table, locs, slots, sample_rows, future_idx, states = [], [], [], [], [], [], [], [], []
-        restores, track = [], []
-        # slots freed before this pass may become restore destinations now: poison them before the restores;
-        # slots freed while building (snapshot allocations) go after them (a restore may still read one)
-        poison = self.mm.take_poison()
+        ps, mm = self.page_size, self.mm
+        ids, ext, pre, sample_rows, future_idx, states, track = [], [], [], [], [], [], []
         decode_only = all(n == 1 and r.computed_len > 0 for r, n in work)
         for row, (r, n) in enumerate(work):
             start = r.computed_len
             for i in range(start, start + n):
-                if i < r.known_len:
-                    ids.append(r.token_at(i))
-                else:  # the pending token: sampled by the batch in flight
-                    ids.append(-(self.future_of[r.rid] + 1))
-                locs.append(r.pages[i // ps] * ps + i % ps)
+                # the pending token is sampled by the batch in flight: a future reference
+                ids.append(r.token_at(i) if i < r.known_len else -(self.future_of[r.rid] + 1))
             ext.append(n)
             pre.append(start)
-            table.append(list(r.pages))
-            slots.append(r.slot)
-            restore, tr = self.mm.cache.movements(r, n, self.mm)
+            restore, tr = mm.cache.movements(r, n, mm)
             if restore is not None:
-                restores.append(restore)
+                mm.restore(*restore)
             track.append(tr)
             if start < len(r.prompt_ids):
                 self.stats.computed_prompt_tokens += min(start + n, len(r.prompt_ids)) - start
@@ -272,16 +263,23 @@ class Scheduler:
                 states.append(self.states[r.rid])
                 r.pending += 1
             r.computed_len += n
-            self.mm.cache.after_forward(r, self.mm)
+            mm.cache.after_forward(r, mm)
+        # physical ids only now, after every allocation and free of this pass (the unified pool may have moved
+        # blocks; the moves run first on the forward stream)
         reqs = [r for r, _ in work]
+        tables = [mm.mem.page_phys(r.pages) for r in reqs]
+        locs = [t[i // ps] * ps + i % ps for t, p, n in zip(tables, pre, ext) for i in range(p, p + n)]
+        # a snapshot whose slot was freed in this pass (its checkpoint already existed) is not written at all:
+        # the slot may already belong to someone else
+        live = mm.state.slots.used
+        track = [None if t is None or t[1] not in live else (t[0], mm.mem.slot_phys(t[1])) for t in track]
         return Batch(
             mode=ForwardMode.DECODE if decode_only else ForwardMode.EXTEND, reqs=reqs, input_ids=ids,
-            poison=poison, poison_late=self.mm.take_poison(),
-            extend_lens=ext, prefix_lens=pre, page_table=table, out_cache_loc=locs, state_slots=slots,
-            sample_rows=sample_rows, future_idx=future_idx, sampling_states=states,
-            want_logprobs=any(reqs[i].return_logprob for i in sample_rows),
+            extend_lens=ext, prefix_lens=pre, page_table=tables, out_cache_loc=locs,
+            state_slots=[mm.mem.slot_phys(r.slot) for r in reqs], sample_rows=sample_rows, future_idx=future_idx,
+            sampling_states=states, want_logprobs=any(reqs[i].return_logprob for i in sample_rows),
             top_logprobs_num=max([reqs[i].top_logprobs_num for i in sample_rows], default=0),
-            restores=restores, track=track if any(t is not None for t in track) else None)
+            mem_ops=mm.take_ops(), track=track if any(t is not None for t in track) else None)
 
     # ---- results
     def _process(self, batch: Batch, result: BatchResult | Exception) -> list[Req]:

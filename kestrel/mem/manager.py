@@ -61,16 +61,18 @@ class MemoryManager:
         self.cache = cache or NoCache()
         # tests poison freed slots with NaN so that a restore of a slot nothing wrote fails loudly
         self.poison = poison_freed_slots
-        self.to_poison: list[int] = []
+        # memory operations decided while scheduling (restores, unified-pool moves, poison), with physical ids,
+        # executed in this order on the forward stream before the next forward
+        self.ops: list[tuple] = []
 
     # ---- accounting
     @property
     def num_free_pages(self) -> int:
-        return self.kv.pages.num_free
+        return self.mem.num_free_pages
 
     @property
     def num_free_slots(self) -> int:
-        return self.state.slots.num_free
+        return self.mem.num_free_slots
 
     def pages_needed(self, req: Req, new_tokens: int) -> int:
         """Pages to add so that positions < computed_len + new_tokens are covered."""
@@ -78,33 +80,40 @@ class MemoryManager:
 
     # ---- allocation (evicting from the cache when short)
     def alloc_pages(self, n: int) -> list[int]:
-        if n > self.num_free_pages:
-            self.cache.evict(self, pages=n - self.num_free_pages)
-        return self.kv.pages.alloc(n)
+        self.can_alloc(n, 0)
+        return self.mem.alloc_pages(n)
 
     def alloc_slot(self) -> int:
-        if self.num_free_slots < 1:
-            self.cache.evict(self, slots=1)
-        return self.state.slots.alloc(1)[0]
+        self.can_alloc(0, 1)
+        return self.mem.alloc_slot()
 
     def can_alloc(self, pages: int, slots: int) -> bool:
-        """Whether pages and slots can be had, evicting cache entries if that is what it takes."""
-        if pages <= self.num_free_pages and slots <= self.num_free_slots:
-            return True
-        self.cache.evict(self, pages=max(0, pages - self.num_free_pages), slots=max(0, slots - self.num_free_slots))
-        return pages <= self.num_free_pages and slots <= self.num_free_slots
+        """Whether pages and slots can be had, evicting cache entries (KV first) if that is what it takes."""
+        short_pages, short_slots = self.mem.shortfall(pages, slots)
+        if short_pages:
+            self.cache.evict(self, pages=short_pages)
+            short_pages, short_slots = self.mem.shortfall(pages, slots)
+        if short_slots:
+            self.cache.evict(self, slots=short_slots)
+            short_pages, short_slots = self.mem.shortfall(pages, slots)
+        return short_pages == 0 and short_slots == 0
 
     def free_pages(self, pages) -> None:
-        self.kv.pages.free(pages)
+        self.ops += self.mem.free_pages(pages)
 
     def free_slot(self, slot: int) -> None:
+        ops, freed = self.mem.free_slot(slot)
+        self.ops += ops
         if self.poison:
-            # poisoned on the forward stream, after any queued forward that may still read the slot
-            self.to_poison.append(slot)
-        self.state.slots.free([slot])
+            # on the forward stream, after anything queued that may still read the block
+            self.ops.append(("poison_slot", freed))
 
-    def take_poison(self) -> list[int]:
-        out, self.to_poison = self.to_poison, []
+    def restore(self, src: int, dst: int) -> None:
+        """Queue a copy of slot src's state into slot dst (copy-on-write restore of a checkpoint)."""
+        self.ops.append(("copy_slot", self.mem.slot_phys(src), self.mem.slot_phys(dst)))
+
+    def take_ops(self) -> list[tuple]:
+        out, self.ops = self.ops, []
         return out
 
     def extend(self, req: Req, new_tokens: int) -> None:
@@ -119,8 +128,7 @@ class MemoryManager:
         req.pages, req.slot, req.shared_pages = [], None, 0
 
     def check_invariants(self, reqs: list[Req]) -> None:
-        self.kv.pages.check("kv pages")
-        self.state.slots.check("state slots")
+        self.mem.check()
         cache_pages, cache_slots = self.cache.owned()
         owned_pages, owned_slots = set(cache_pages), set(cache_slots)
         for r in reqs:

@@ -93,12 +93,21 @@ class StatePool:
 
 
 class Memory:
-    """The MemoryViews the model reads: per-layer views of both pools."""
+    """Static pools behind the interface the memory manager and the model use.
+
+    Requests and the cache hold logical page and slot ids; the model reads physical ones. Here they coincide;
+    the unified pool (mem/unified.py) moves blocks and keeps a table. Frees return the memory operations they
+    imply (none here), which the manager logs for the forward stream.
+    """
+
+    scratch_page = 0
+    scratch_slot = 0
 
     def __init__(self, kv: KVPool, state: StatePool):
         self.kv, self.state = kv, state
         self.page_size = kv.page_size
 
+    # ---- views the model reads, indexed by physical id
     def kv_buffer(self, layer_id: int) -> torch.Tensor:
         return self.kv.buffers[layer_id]
 
@@ -107,3 +116,57 @@ class Memory:
 
     def ssm_state(self, layer_id: int) -> torch.Tensor:
         return self.state.ssm[layer_id]
+
+    # ---- allocation, by logical id
+    @property
+    def num_free_pages(self) -> int:
+        return self.kv.pages.num_free
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.state.slots.num_free
+
+    def alloc_pages(self, n: int) -> list[int]:
+        return self.kv.pages.alloc(n)
+
+    def alloc_slot(self) -> int:
+        return self.state.slots.alloc(1)[0]
+
+    def free_pages(self, ids) -> list[tuple]:
+        self.kv.pages.free(ids)
+        return []
+
+    def free_slot(self, slot: int) -> tuple[list[tuple], int]:
+        """Returns (operations, the physical block that is now free)."""
+        self.state.slots.free([slot])
+        return [], slot
+
+    def shortfall(self, pages: int, slots: int) -> tuple[int, int]:
+        """How many pages and slots the cache must give back before `pages` and `slots` fit (0, 0: they fit)."""
+        return max(0, pages - self.num_free_pages), max(0, slots - self.num_free_slots)
+
+    # ---- translation and execution
+    def page_phys(self, ids: list[int]) -> list[int]:
+        return list(ids)
+
+    def slot_phys(self, slot: int) -> int:
+        return slot
+
+    def run(self, op: tuple) -> None:
+        """Execute one logged memory operation on the current stream."""
+        kind = op[0]
+        if kind == "copy_slot":
+            self.state.copy(op[1], op[2])
+        elif kind == "poison_slot":
+            self.state.poison(op[1])
+        else:
+            raise ValueError(f"unknown memory operation {op!r}")
+
+    def usage(self) -> dict:
+        ps, ss = self.kv.bytes_per_page(), self.state.bytes_per_slot()
+        return {"kv_bytes_used": len(self.kv.pages.used) * ps, "state_bytes_used": len(self.state.slots.used) * ss,
+                "total_bytes": self.kv.num_pages * ps + self.state.num_slots * ss}
+
+    def check(self) -> None:
+        self.kv.pages.check("kv pages")
+        self.state.slots.check("state slots")

@@ -226,7 +226,7 @@ class RadixCache:
         """A slot for a snapshot if one can be had (snapshots are an optimisation: never fail for them)."""
         if mm.num_free_slots < 1:
             self.evict(mm, slots=1)
-        return mm.state.slots.alloc(1)[0] if mm.num_free_slots >= 1 else None
+        return mm.mem.alloc_slot() if mm.num_free_slots >= 1 else None
 
     def after_forward(self, req: Req, mm) -> None:
         info = self.reqs[req.rid]

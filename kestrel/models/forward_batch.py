@@ -60,6 +60,9 @@ class ForwardBatch:
     capture_layers: tuple[int, ...] = ()
     # filled during the forward for VERIFY mode: per KDA layer, the raw step inputs ReplaySSM folds later
     replay: dict = field(default_factory=dict)
+    # VERIFY: "replay" stores step inputs (~1 KB per head and step), "snapshot" the state after every step (the
+    # baseline ReplaySSM is measured against)
+    spec_rollback: str = "replay"
 
     def __post_init__(self):
         assert len(self.extend_lens) == len(self.prefix_lens), "extend_lens and prefix_lens differ in length"
@@ -87,8 +90,13 @@ class ForwardBatch:
     @classmethod
     def full_sequences(cls, sequences: list[list[int]] | torch.Tensor, device=None) -> "ForwardBatch":
         """A stateless forward over whole sequences from position 0: the single-request reference."""
+        if isinstance(sequences, torch.Tensor) and sequences.dim() == 2:
+            # an equal-length batch (training): no trip through Python lists
+            B, L = sequences.shape
+            pos = torch.arange(L, device=sequences.device).repeat(B)
+            return cls(ForwardMode.EXTEND, sequences.reshape(-1), pos, [L] * B, [0] * B)
         if isinstance(sequences, torch.Tensor):
-            sequences = sequences.tolist() if sequences.dim() == 2 else [sequences.tolist()]
+            sequences = [sequences.tolist()]
         ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long, device=device)
         pos = torch.tensor([i for s in sequences for i in range(len(s))], dtype=torch.long, device=device)
         return cls(ForwardMode.EXTEND, ids, pos, [len(s) for s in sequences], [0] * len(sequences))

@@ -51,8 +51,8 @@ class DecoderLayer(nn.Module):
             self.attn_res = AttnResSite(D, dtype)
             self.mlp_res = AttnResSite(D, dtype)
 
-    def ffn(self, x: torch.Tensor) -> torch.Tensor:
-        return self.block_sparse_moe(x) if hasattr(self, "block_sparse_moe") else self.mlp(x)
+    def ffn(self, x: torch.Tensor, training: bool = False) -> torch.Tensor:
+        return self.block_sparse_moe(x, training) if hasattr(self, "block_sparse_moe") else self.mlp(x)
 
 
 @dataclass
@@ -106,7 +106,7 @@ class K3Model(nn.Module):
             delta = layer.self_attn(x, fb)
             partial, y = self._settle(layer.mlp_res if block else None, layer.post_attention_layernorm, bank, partial,
                                       delta)
-            delta = layer.ffn(y)
+            delta = layer.ffn(y, fb.training)
             if l in fb.capture_layers:
                 partial, delta = partial + delta, None
                 captured[l] = partial
@@ -127,7 +127,10 @@ class K3ForCausalLM(nn.Module):
         self.dtype = dtype or torch.float32
         self.model = K3Model(cfg, dtype)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype)
-        if cfg.tie_word_embeddings:
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        if self.cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def fuse_projections(self) -> None:

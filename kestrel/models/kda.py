@@ -98,7 +98,7 @@ class KDAMixer(nn.Module):
             g = kda_ops.kda_gate(raw_gate, self.A_log, self.dt_bias, self.lower_bound)
             o = self._stateless(mixed, g, beta, fb) if fb.mem is None else self._extend(mixed, g, beta, fb)
         else:
-            raise NotImplementedError(f"KDA forward mode {fb.mode}")
+            o = self._verify(mixed, raw_gate, beta, fb)
         o = gated_rms_norm(o, gate.view(T, H, K), self.o_norm.weight, self.eps)
         return self.o_proj(o.reshape(T, H * K))
 
@@ -154,6 +154,25 @@ class KDAMixer(nn.Module):
                 ssm[dst] = states[at].to(ssm.dtype)
                 conv_state[dst] = windows[i][off : off + W - 1]
         return o
+
+    def _verify(self, mixed, raw_gate, beta, fb):
+        """Speculative verify: the committed state is read, not written; the step inputs go to fb.replay."""
+        lens, L = fb.extend_lens, max(fb.extend_lens)
+        pad = torch.zeros(len(lens), L, dtype=torch.bool, device=mixed.device)
+        for i, n in enumerate(lens):
+            pad[i, :n] = True
+
+        def padded(t):
+            out = t.new_zeros(len(lens), L, *t.shape[1:])
+            out[pad] = t
+            return out
+
+        o, rec = kda_ops.verify(padded(mixed), padded(raw_gate), padded(beta), lens, self.conv_weight(),
+                                fb.mem.conv_state(self.layer_id), fb.mem.ssm_state(self.layer_id), fb.state_slots,
+                                self.A_log, self.dt_bias, self.lower_bound, self.head_dim**-0.5,
+                                snapshot_states=fb.spec_rollback == "snapshot")
+        fb.replay[self.layer_id] = rec
+        return o[pad]
 
     def _decode(self, mixed, raw_gate, beta, fb):
         return kda_ops.decode(mixed, self.conv_weight(), fb.mem.conv_state(self.layer_id),

@@ -203,6 +203,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device="cpu
     with torch.device("meta"):
         model = K3ForCausalLM(cfg, dtype=dtype)
     model = model.to_empty(device=device)
+    # NOTE: to_empty gives every parameter its own storage, which unties lm_head from the embedding
+    model.tie_weights()
     _reset_nonpersistent(model)
     load_state(model, path, progress=progress)
     return model.eval()

@@ -64,7 +64,8 @@ class MLAMixer(nn.Module):
         q, latent = self.query(x, q_a), self.latent(x, kv_a)
         if fb.mem is not None:
             buf = fb.mem.kv_buffer(self.layer_id)
-            buf.view(-1, buf.shape[-1])[fb.out_cache_loc] = latent.to(buf.dtype)
+            ps = buf.shape[1]
+            buf[fb.out_cache_loc // ps, fb.out_cache_loc % ps] = latent.to(buf.dtype)
         if fb.mode == ForwardMode.DECODE and fb.mem is not None:
             o = self._decode(q, buf, fb)
         else:

@@ -80,14 +80,20 @@ class MoE(nn.Module):
             se = self.shared_experts
             self._fused = FusedLinears(self.routed_expert_down_proj, se.gate_proj, se.up_proj)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, training: bool = False) -> torch.Tensor:
         weights, ids = self.gate(x)  # routing reads x, not the latent
         fused, shared_in = getattr(self, "_fused", None), None
         if fused is not None and fused.valid():
             h, *shared_in = fused(x)
         else:
             h = self.routed_expert_down_proj(x) if hasattr(self, "routed_expert_down_proj") else x
-        y = moe_ops.experts(h, self.experts, weights, ids, self.act)
+        if training:
+            # every expert on every token, weighted (zero where not routed): more FLOPs, no host syncs
+            e = self.experts
+            y = moe_ops.experts_dense(h, e.dense("w1", h.dtype), e.dense("w2", h.dtype), e.dense("w3", h.dtype),
+                                      weights, ids, self.act)
+        else:
+            y = moe_ops.experts(h, self.experts, weights, ids, self.act)
         if hasattr(self, "routed_expert_norm"):
             y = self.routed_expert_norm(y)
         if hasattr(self, "routed_expert_up_proj"):

@@ -14,6 +14,7 @@ def quantize_experts(model: K3ForCausalLM) -> K3ForCausalLM:
     with torch.device("meta"):
         out = K3ForCausalLM(cfg, dtype=model.dtype)
     out = out.to_empty(device=model.lm_head.weight.device)
+    out.tie_weights()
     dense = dict(model.named_parameters())
     dense.update(dict(model.named_buffers()))
     for name, t in list(out.named_parameters()) + list(out.named_buffers()):

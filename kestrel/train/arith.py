@@ -22,8 +22,25 @@ from dataclasses import dataclass
 PLACES = ("ones", "tens", "hundreds", "thousands", "ten-thousands")
 # percent of problem identities held out from training
 HELDOUT_PERCENT = 5
-# how often each kind is drawn (training and held-out alike)
-KIND_WEIGHTS = {"add": 0.3, "sub": 0.25, "mul": 0.15, "mul2": 0.15, "expr": 0.15}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Which problems are drawn: kind weights and operand ranges."""
+
+    weights: tuple[tuple[str, float], ...]
+    mul2_digits: tuple[int, int]  # digits of the first factor of a two-digit multiplication
+    expr_small: int  # largest operand that gets multiplied inside an expression
+    expr_large: int  # largest other expression operand
+
+
+# pretraining curriculum: the column procedures k3-small learns almost perfectly, small mental arithmetic
+TRAIN = Profile((("add", 0.3), ("sub", 0.25), ("mul", 0.15), ("mul2", 0.15), ("expr", 0.15)), (2, 2), 12, 50)
+# the held-out evaluation and RL reward set: the same kinds over wider ranges, weighted to the hard ones
+# (expressions worked without column steps up to 20 x 20 and two-digit sums; three-digit by two-digit products),
+# where the bundled model is competent but far from perfect, so reward has room to rise
+EVAL = Profile((("add", 0.1), ("sub", 0.1), ("mul", 0.05), ("mul2", 0.15), ("expr", 0.6)), (2, 3), 20, 99)
+KIND_WEIGHTS = dict(TRAIN.weights)
 CHAT_PHRASINGS = ("What is {q}?", "Compute {q}.", "Calculate {q}", "{q} = ?", "Please work out {q}.", "What's {q}?",
                   "Solve {q} step by step.")
 SYSTEM_PROMPT = "You are a helpful assistant."
@@ -87,8 +104,9 @@ def _add_lines(a: int, b: int) -> list[str]:
     for i in range(max(len(da), len(db))):
         x, y = (da[i] if i < len(da) else 0), (db[i] if i < len(db) else 0)
         s = x + y + carry
-        carry, so_far = s // 10, str(s % 10) + so_far
-        lines.append(f"{PLACES[i]}: {x}+{y}+{s - x - y}={s}, carry {carry}, so far {so_far}")
+        so_far = str(s % 10) + so_far
+        lines.append(f"{PLACES[i]}: {x}+{y}+{carry}={s}, carry {s // 10}, so far {so_far}")
+        carry = s // 10
     if carry:
         lines.append(f"{PLACES[i + 1]}: carry {carry}, so far {carry}{so_far}")
     return lines
@@ -116,8 +134,9 @@ def _mul_digit_lines(a: int, d: int) -> list[str]:
     lines, carry, so_far = [], 0, ""
     for i, x in enumerate(da):
         s = x * d + carry
-        lines.append(f"{PLACES[i]}: {x}*{d}+{carry}={s}, carry {s // 10}, so far {s % 10}{so_far}")
-        carry, so_far = s // 10, str(s % 10) + so_far
+        so_far = str(s % 10) + so_far
+        lines.append(f"{PLACES[i]}: {x}*{d}+{carry}={s}, carry {s // 10}, so far {so_far}")
+        carry = s // 10
     if carry:
         lines.append(f"{PLACES[len(da)]}: carry {carry}, so far {carry}{so_far}")
     return lines
@@ -181,9 +200,11 @@ def _number(rng: random.Random, lo_digits: int, hi_digits: int) -> int:
     return rng.randint(10 ** (n - 1), 10**n - 1)
 
 
-def random_problem(rng: random.Random, kind: str | None = None) -> Problem:
-    """One problem of `kind` (drawn by KIND_WEIGHTS when None), either split."""
-    kind = kind or rng.choices(list(KIND_WEIGHTS), weights=list(KIND_WEIGHTS.values()))[0]
+def random_problem(rng: random.Random, kind: str | None = None, profile: Profile = TRAIN) -> Problem:
+    """One problem of `kind` (drawn by the profile's weights when None), either split."""
+    if kind is None:
+        kinds, weights = zip(*profile.weights)
+        kind = rng.choices(kinds, weights=weights)[0]
     if kind == "add":
         return add_problem(_number(rng, 2, 4), _number(rng, 2, 4))
     if kind == "sub":
@@ -193,36 +214,36 @@ def random_problem(rng: random.Random, kind: str | None = None) -> Problem:
     if kind == "mul":
         return mul_problem(_number(rng, 2, 3), rng.randint(2, 9))
     if kind == "mul2":
-        return mul2_problem(_number(rng, 2, 2), _number(rng, 2, 2))
+        return mul2_problem(_number(rng, *profile.mul2_digits), _number(rng, 2, 2))
     if kind == "expr":
         t = rng.randrange(len(_EXPR))
         first, second = _EXPR[t][1]
-        # operands that get multiplied (directly or through the first step's result) stay within the times
-        # table; the others may reach 50
+        # operands that get multiplied (directly or through the first step's result) stay small
         small = {v for x, op, y in (first, second) if op == "*" for v in (x, y)}
         if second[1] == "*":
             small |= {first[0], first[2]}
-        a, b, c = (rng.randint(2, 12) if v in small else rng.randint(1, 50) for v in "abc")
+        a, b, c = (rng.randint(2, profile.expr_small) if v in small else rng.randint(1, profile.expr_large)
+                   for v in "abc")
         return expr_problem(t, a, b, c)
     raise ValueError(f"unknown arithmetic kind {kind!r}; known: {', '.join(KIND_WEIGHTS)}")
 
 
-def sample(rng: random.Random, split: str, kind: str | None = None) -> Problem:
+def sample(rng: random.Random, split: str, kind: str | None = None, profile: Profile = TRAIN) -> Problem:
     """A random problem from `split` ("train" or "heldout")."""
     if split not in ("train", "heldout"):
         raise ValueError(f"unknown split {split!r}: use 'train' or 'heldout'")
     while True:
-        p = random_problem(rng, kind)
+        p = random_problem(rng, kind, profile)
         if is_heldout(p.question) == (split == "heldout"):
             return p
 
 
-def heldout_problems(n: int, seed: int = 0) -> list[Problem]:
-    """n distinct held-out problems, the same for the same (n, seed) on any machine."""
+def heldout_problems(n: int, seed: int = 0, profile: Profile = EVAL) -> list[Problem]:
+    """n distinct held-out problems of the evaluation profile, the same for the same (n, seed) on any machine."""
     rng = random.Random(f"heldout-{seed}")
     seen, out = set(), []
     while len(out) < n:
-        p = sample(rng, "heldout")
+        p = sample(rng, "heldout", profile=profile)
         if p.question not in seen:
             seen.add(p.question)
             out.append(p)

@@ -2,10 +2,10 @@
 arithmetic (plain `Question: ...` documents and chat-formatted ones).
 
 Files are listed in sorted order; vendored site-packages and generated tables are skipped (the stdlib's test
-suites optionally); a stable hash of each file's relative path holds out ~2% of them for code perplexity. Content depends on the Python version
-that runs this (3.11 here, 3.12 on the GPU machines): the same rules pick slightly different files and text.
-On disk a tokenized pool is one uint16 token array plus document start offsets; every document is
-<|bos|> text <|eos|>.
+suites optionally); a stable hash of each file's relative path holds out ~2% of them for code perplexity.
+Content depends on the Python version that runs this (3.11 here, 3.12 on the GPU machines): the same rules pick
+slightly different files and text. On disk a tokenized pool is one uint16 token array plus document start
+offsets; every document is <|bos|> text <|eos|>.
 """
 
 import hashlib
@@ -124,17 +124,16 @@ class DocPool:
             return cls(f["tokens"], f["offsets"])
 
     @classmethod
-    def encode(cls, tokenizer, texts: list[str]) -> "DocPool":
-        """`tokenizer` is a tokenizers.Tokenizer; each text becomes <|bos|> ids <|eos|>."""
+    def encode(cls, tokenizer, texts: list[str], chunk: int = 10_000) -> "DocPool":
+        """`tokenizer` is a tokenizers.Tokenizer; each text becomes <|bos|> ids <|eos|>. Encoded in chunks: a
+        tokenizers Encoding costs far more memory than its ids."""
         assert tokenizer.get_vocab_size() <= 1 << 16, "token ids must fit in uint16"
-        encs = tokenizer.encode_batch(texts, add_special_tokens=False)
-        lengths = np.array([len(e.ids) + 2 for e in encs], dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        tokens = np.empty(offsets[-1], dtype=np.uint16)
-        for e, start, n in zip(encs, offsets[:-1], lengths):
-            tokens[start] = BOS
-            tokens[start + 1 : start + n - 1] = e.ids
-            tokens[start + n - 1] = EOS
+        docs = []
+        for start in range(0, len(texts), chunk):
+            for e in tokenizer.encode_batch(texts[start : start + chunk], add_special_tokens=False):
+                docs.append(np.array([BOS, *e.ids, EOS], dtype=np.uint16))
+        offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
+        tokens = np.concatenate(docs) if docs else np.empty(0, dtype=np.uint16)
         return cls(tokens, offsets)
 
 

@@ -31,6 +31,7 @@ from kestrel.models.k3 import K3ForCausalLM
 from kestrel.models.loader import save_checkpoint
 from kestrel.models.moe import Router
 from kestrel.models.presets import preset_config
+from kestrel.ops import reference_ops
 from kestrel.train import corpus
 from kestrel.train.tokenizer_train import BOS, PAD, STOP_IDS, train_tokenizer
 
@@ -321,7 +322,8 @@ def train_step(model, optimizer, balancer, blocks, is_arith, lr, args, device, a
     x, y = blocks[:, :-1], blocks[:, 1:]
     for group in optimizer.param_groups:
         group["lr"] = lr
-    with autocast:
+    # NOTE: the plain-torch ops, whatever the device: serving kernels need not define a backward
+    with autocast, reference_ops():
         logits = model.logits_train(x)
     nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
     per_block = nll.mean(1)  # [B]
@@ -358,7 +360,9 @@ def run_train(ns: argparse.Namespace) -> Path:
                          f"{model.cfg.vocab_size}")
     model.to(device).train()
     optimizer = make_optimizer(model, args, device)
-    state = load_training_state(out / "ckpt.pt", model, optimizer) if args.resume else TrainState(total_steps=args.max_steps)
+    state = TrainState(total_steps=args.max_steps)
+    if args.resume:
+        state = load_training_state(out / "ckpt.pt", model, optimizer)
     sampler = BlockSampler(code_pool, arith_pool, args)
     sampler.code.seek(state.code_pos)
     sampler.arith.seek(state.arith_pos)
@@ -371,7 +375,7 @@ def run_train(ns: argparse.Namespace) -> Path:
         prep_seconds=round(prep_seconds, 1),
         tokens_per_second=round((state.tokens - tokens0) / max(1e-9, time.perf_counter() - t0)),
         final_loss=smooth.get("loss"), final_code_loss=smooth.get("code"),
-        final_arith_loss=smooth.get("arith"), device=_device_name(device), python=info.python,
+        final_arith_loss=smooth.get("arith"), device=_device_name(device),
         corpus=dataclasses.asdict(info), args=dataclasses.asdict(args))
     return export_model(model, Path(args.export) if args.export else out / "model", tok_dir, summary)
 
@@ -397,7 +401,8 @@ def train_loop(model, optimizer, sampler: BlockSampler, state: TrainState, args:
             lr = lr_at(state.step, args, state.total_steps)
             losses = train_step(model, optimizer, balancer, blocks, is_arith, lr, args, device, autocast)
             if not math.isfinite(losses[0]):
-                raise FloatingPointError(f"loss is {losses[0]} at step {state.step}; lower --lr or raise --warmup-steps")
+                raise FloatingPointError(f"loss is {losses[0]} at step {state.step}: lower --lr or raise "
+                                         f"--warmup-steps")
             state.step += 1
             state.tokens += blocks.shape[0] * (blocks.shape[1] - 1)
             state.code_pos, state.arith_pos = sampler.code.position, sampler.arith.position
@@ -443,8 +448,7 @@ class TrainingSummary:
     final_code_loss: float | None
     final_arith_loss: float | None
     device: str
-    python: str  # the stdlib the code corpus came from
-    corpus: dict
+    corpus: dict  # includes the Python version whose stdlib the code came from
     args: dict
 
 
@@ -452,8 +456,8 @@ def export_model(model: K3ForCausalLM, path: Path, tok_dir: Path, summary: Train
     """The final checkpoint: bf16 weights in Hugging Face layout, tokenizer files, training_summary.json."""
     save_checkpoint(model, path, tokenizer_dir=tok_dir, dtype=torch.bfloat16)
     (path / "training_summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2) + "\n")
-    losses = ", ".join(f"{name} {v:.3f}" for name, v in (("loss", summary.final_loss), ("code", summary.final_code_loss),
-                                                        ("arithmetic", summary.final_arith_loss)) if v is not None)
+    named = (("loss", summary.final_loss), ("code", summary.final_code_loss), ("arithmetic", summary.final_arith_loss))
+    losses = ", ".join(f"{name} {v:.3f}" for name, v in named if v is not None)
     print(f"{summary.steps} steps, {summary.tokens:,} tokens in {summary.train_seconds:.0f} s on {summary.device}; "
           f"{losses} -> {path}")
     return path

@@ -33,7 +33,7 @@ def make_core(model, **kw) -> EngineCore:
     # every slot starts as NaN and every freed slot turns NaN: a restore of a slot nothing wrote fails loudly
     core.mm.poison = True
     for slot in range(core.mm.state.num_slots):
-        core.mm.state.poison(slot)
+        core.mm.mem.run(("poison_slot", slot))
     return core
 
 

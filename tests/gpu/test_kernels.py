@@ -172,3 +172,12 @@ def test_moe_experts(dtype, quant, kind):
         wts, ids = R.route(rnd(T, E), None, k, True, 2.5)
         ref = R.moe_experts(x, ew.dense("w1", dtype), ew.dense("w2", dtype), ew.dense("w3", dtype), wts, ids, act)
         assert rel(K.moe_experts(x, ew, wts, ids, act), ref) < TOL[dtype], T
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 3, 4])
+def test_linear_gemv(dtype, M):
+    from kestrel.ops.linear import triton as K
+    N, Kd = (40, 96) if SMALL else (3000, 2048)
+    x, w = rnd(M, Kd, dtype=dtype), rnd(N, Kd, dtype=dtype, scale=Kd**-0.5)
+    assert rel(K.linear(x, w), torch.nn.functional.linear(x.float(), w.float())) < TOL[dtype]

@@ -153,3 +153,13 @@ def test_presets_have_the_documented_shapes():
     with torch.device("meta"):
         total = sum(p.numel() for p in K3ForCausalLM(preset_config("kimi-linear-48b")).parameters())
     assert 45e9 < total < 52e9
+
+
+def test_tied_embeddings_survive_loading(tmp_path):
+    cfg = preset_config("k3-tiny").replace(tie_word_embeddings=True)
+    model = K3ForCausalLM(cfg, dtype=torch.float64)
+    init_random(model, seed=3)
+    save_checkpoint(model, tmp_path)
+    loaded = load_model(tmp_path, dtype=torch.float64, progress=False)
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+    assert torch.equal(loaded.reference_logits(TOKS), model.reference_logits(TOKS))

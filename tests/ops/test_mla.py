@@ -52,3 +52,12 @@ def test_paged_gather_and_decode():
     for i, n in enumerate([10, 6]):
         o_i, l_i = ref.mla_absorbed_attention(q_lat[i : i + 1], q_rope[i : i + 1], ref.gather_latents(buf, table[i], n), R, 0.3, n - 1)
         assert torch.equal(out[i], o_i[0]) and torch.equal(lse[i], l_i[0])
+
+
+def test_paged_decode_ignores_garbage_past_the_end():
+    buf = torch.randn(6, 4, 10, dtype=D64)
+    buf[2, 3] = float("nan")  # unwritten rows of a partly filled page
+    table = torch.tensor([[1, 2]], dtype=torch.int32)
+    out, lse = ref.mla_decode_paged(torch.randn(1, 2, 8, dtype=D64), torch.randn(1, 2, 2, dtype=D64), buf, table,
+                                    torch.tensor([7]), 8, 0.3)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()

@@ -52,3 +52,14 @@ def test_experts_loop_equals_dense_per_token():
     for t in range(T):
         want = sum(weights[t, j] * (w2[e] @ act(w1[e] @ x[t], w3[e] @ x[t])) for j, e in enumerate(ids[t].tolist()))
         assert torch.allclose(out[t], want)
+
+
+def test_dense_expert_form_equals_the_loop():
+    torch.manual_seed(2)
+    T, D, I, E = 9, 6, 5, 4
+    x = torch.randn(T, D, dtype=D64)
+    w1, w3, w2 = torch.randn(E, I, D, dtype=D64), torch.randn(E, I, D, dtype=D64), torch.randn(E, D, I, dtype=D64)
+    weights, ids = ref.route(torch.randn(T, E, dtype=D64), None, 2, True, 1.3)
+    act = ref.Activation("situ")
+    assert torch.allclose(ref.moe_experts_dense(x, w1, w2, w3, weights, ids, act),
+                          ref.moe_experts(x, w1, w2, w3, weights, ids, act))

@@ -28,7 +28,8 @@ def test_wilson_interval():
 def test_pass_rate_scores_exact_answers():
     problems = {p.prompt: p for p in arith.heldout_problems(40, seed=3)}
     solve = lambda prompts, _: [problems[p].solution + "\nQuestion: junk\nAnswer: 0" for p in prompts]  # noqa: E731
-    half = lambda prompts, _: [problems[p].solution if i % 2 else "Answer: x" for i, p in enumerate(prompts)]  # noqa: E731
+    half = lambda prompts, _: [problems[p].solution if i % 2 else "Answer: x"  # noqa: E731
+                               for i, p in enumerate(prompts)]
     assert evaluation.arith_pass_rate(solve, n=40, seed=3).rate == 1.0
     result = evaluation.arith_pass_rate(half, n=40, seed=3)
     assert result.passed == 20 and result.ci95 == evaluation.wilson_interval(20, 40)
@@ -58,6 +59,22 @@ def test_eval_runs_on_a_random_tiny_model(tiny_checkpoint, tmp_path):
     assert all(len(e["completion"]) > 0 for e in a["examples"])
     # small random init: next-token predictions are close to uniform over the 4096 tokens
     assert c["tokens"] == 4 * 64 and 0.9 * math.log(4096) < c["nll"] < 1.1 * math.log(4096)
+
+
+def test_run_eval_uses_the_given_generate_fn(tiny_checkpoint):
+    problems = {p.prompt: p for p in arith.heldout_problems(10, seed=4)}
+    calls = []
+
+    def engine(prompts, max_new_tokens):
+        calls.append((len(prompts), max_new_tokens))
+        return [problems[p].solution for p in prompts]
+
+    parser = argparse.ArgumentParser()
+    evaluation.add_eval_args(parser)
+    ns = parser.parse_args(["--model", str(tiny_checkpoint), "--n", "10", "--seed", "4", "--skip-code",
+                            "--max-new-tokens", "100"])
+    results = evaluation.run_eval(ns, generate_fn=engine)
+    assert results["arith"]["rate"] == 1.0 and calls == [(10, 100)] and "code" not in results
 
 
 def test_greedy_fallback_respects_the_limit_and_stops(tiny_checkpoint):

@@ -150,13 +150,13 @@ def test_bad_flags_are_named():
 
 def test_wall_clock_budget_sets_the_schedule(tmp_path, tokenizer_dir):
     out = tmp_path / "run"
-    model_dir = trainer.run_train(_tiny(out, tokenizer_dir, "--max-minutes", "0.1", "--max-steps", "100000",
+    model_dir = trainer.run_train(_tiny(out, tokenizer_dir, "--max-minutes", "0.15", "--max-steps", "100000",
                                         "--batch-size", "1", "--seq-len", "8"))
     summary = json.loads((model_dir / "training_summary.json").read_text())
-    # the timed steps turned 6 seconds into a schedule far shorter than the step budget, and the loop kept to it
+    # the timed steps turned 9 seconds into a schedule far shorter than the step budget, and the loop kept to it
     assert trainer.CALIBRATE_FROM + 20 <= summary["schedule_steps"] < 100000
     assert summary["steps"] <= summary["schedule_steps"]
-    assert summary["train_seconds"] < 6 + 1
+    assert summary["train_seconds"] < 9 + 1.5
 
 
 def test_prepare_only_builds_tokenizer_and_corpus_once(tmp_path):

@@ -4,6 +4,8 @@ from kestrel.ops import kernel
 from kestrel.ops.kda import reference
 from kestrel.ops.kda.reference import causal_conv1d, kda_gate, kda_step, l2norm, state_dtype_for  # noqa: F401
 from kestrel.ops.kda.reference import kda_chunked_factored as chunked_factored  # noqa: F401
+# speculative verify / ReplaySSM fold: plain torch on every device for now (no fused kernel yet)
+from kestrel.ops.kda.reference import KDAReplay, kda_fold as fold, kda_verify as verify  # noqa: F401
 
 
 def chunked(q, k, v, g, beta, **kw):

@@ -12,6 +12,8 @@ Two forms compute the same function:
   so the state at every chunk boundary is available for prefix-cache checkpoints.
 """
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -43,18 +45,21 @@ def kda_gate(raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lowe
     return lower_bound * torch.sigmoid(a * x)
 
 
-def kda_step(state: torch.Tensor, q, k, v, g, beta, scale: float) -> torch.Tensor:
-    """One recurrence step, in place on `state` [N, H, K, V]; q, k, g: [N, H, K]; v: [N, H, V]; beta: [N, H].
-
-    Returns o [N, H, V] in the state dtype. This exact sequence of operations is what ReplaySSM's fold replays,
-    so anything that must be bit-identical to decode calls this function.
-    """
+def kda_update(state: torch.Tensor, k, v, g, beta) -> None:
+    """The state half of one recurrence step, in place on `state` [N, H, K, V]; k, g: [N, H, K]; v: [N, H, V];
+    beta: [N, H]. ReplaySSM's fold calls exactly this with the inputs the verify pass stored, so the folded state
+    is bit-identical to the state the plain recurrence commits. k = g = beta = 0 is an exact no-op."""
     dt = state.dtype
-    q, k, v, g, beta = (t.to(dt) for t in (q, k, v, g, beta))
+    k, v, g, beta = (t.to(dt) for t in (k, v, g, beta))
     state.mul_(torch.exp(g).unsqueeze(-1))
     u = v - torch.einsum("nhkv,nhk->nhv", state, k)
     state.add_((beta.unsqueeze(-1) * k).unsqueeze(-1) * u.unsqueeze(-2))
-    return torch.einsum("nhkv,nhk->nhv", state, q * scale)
+
+
+def kda_step(state: torch.Tensor, q, k, v, g, beta, scale: float) -> torch.Tensor:
+    """One recurrence step (kda_update, then the read o = S^T (scale q)); returns o [N, H, V] in the state dtype."""
+    kda_update(state, k, v, g, beta)
+    return torch.einsum("nhkv,nhk->nhv", state, q.to(state.dtype) * scale)
 
 
 def kda_recurrent(q, k, v, g, beta, scale: float | None = None, initial_state: torch.Tensor | None = None):
@@ -260,3 +265,88 @@ def kda_chunked_factored(q, k, v, g, beta, scale: float | None = None, chunk_siz
         state = torch.exp(g_last[:, :, n]).transpose(-1, -2) * state + k_tail[:, :, n].transpose(-1, -2) @ u
     o = torch.stack(outs, 2).permute(0, 2, 3, 1, 4).reshape(B, N * C, H, V)[:, :T]
     return o.to(v.dtype)
+
+
+@dataclass
+class KDAReplay:
+    """What a verify pass stores per KDA layer so that ReplaySSM can commit any accepted prefix later.
+
+    Sequences padded to the block length L; padded steps are exact no-ops (k = g = beta = 0).
+    x: the conv inputs [B, L, C] (the new conv tail is read from them); k, g [B, L, H, K]; v [B, L, H, V];
+    beta [B, L, H]. With the snapshot baseline, `states` [B, L, H, K, V] holds the state after every step instead.
+    """
+
+    x: torch.Tensor
+    k: torch.Tensor | None
+    v: torch.Tensor | None
+    g: torch.Tensor | None
+    beta: torch.Tensor | None
+    states: torch.Tensor | None = None
+
+    def nbytes(self) -> int:
+        """Bytes held for the draft window (what the rollback method costs in memory)."""
+        parts = (self.states,) if self.states is not None else (self.k, self.v, self.g, self.beta)
+        return sum(t.numel() * t.element_size() for t in (self.x, *parts))
+
+
+def kda_verify(x, raw_gate, beta, lens: list[int], conv_weight, conv_state, ssm, slots, A_log, dt_bias, lower_bound,
+               scale, snapshot_states: bool = False):
+    """Speculative verify over padded blocks: reads the committed conv tail and state of `slots`, writes neither.
+
+    x [B, L, C] conv inputs, raw_gate [B, L, H, K], beta [B, L, H]; block i has lens[i] tokens and the positions
+    past it are turned into exact no-ops (k = g = beta = 0). Returns (o [B, L, H, V], KDAReplay).
+    """
+    B, L, C = x.shape
+    H, K, V = ssm.shape[1:]
+    valid = (torch.arange(L, device=x.device)[None, :] < torch.tensor(lens, device=x.device)[:, None])  # [B, L]
+    y, _ = causal_conv1d(x, conv_weight, conv_state[slots])
+    q, k, v = y.view(B, L, 3, H, -1).unbind(2)
+    q, k = l2norm(q), l2norm(k) * valid[..., None, None].to(y.dtype)
+    g = kda_gate(raw_gate, A_log, dt_bias, lower_bound) * valid[..., None, None]
+    beta = beta * valid[..., None].to(beta.dtype)
+    state = ssm[slots]
+    out, states = [], []
+    for t in range(L):
+        out.append(kda_step(state, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], scale))
+        if snapshot_states:
+            states.append(state.clone())
+    if snapshot_states:
+        rec = KDAReplay(x, None, None, None, None, torch.stack(states, 1))
+    else:
+        rec = KDAReplay(x, k, v, g, beta)
+    return torch.stack(out, 1).to(v.dtype), rec
+
+
+def kda_fold(rec: KDAReplay, conv_state, ssm, slots, commit: list[int], snapshots=None) -> None:
+    """ReplaySSM: advance each sequence's committed state by its first commit[i] verify steps, in place.
+
+    Replays kda_update with the stored inputs (no recomputed gate or conv), so the result is bit-identical to the
+    verify pass's own state after those steps, and to the plain recurrence. snapshots: per sequence None or
+    (steps, slot) to also receive the state after `steps` steps (prefix-cache checkpoints inside the window).
+    """
+    B, L, C = rec.x.shape
+    W = conv_state.shape[1] + 1
+    window = torch.cat([conv_state[slots].to(rec.x.dtype), rec.x], dim=1)  # [B, W - 1 + L, C]
+    snapshots = snapshots or [None] * B
+    if rec.states is not None:  # the snapshot baseline: pick the stored state
+        idx = torch.tensor([c - 1 for c in commit], device=rec.x.device)
+        state = rec.states[torch.arange(B, device=idx.device), idx]
+        for i, snap in enumerate(snapshots):
+            if snap is not None:
+                ssm[snap[1]] = rec.states[i, snap[0] - 1]
+    else:
+        state = ssm[slots]
+        steps = torch.tensor(commit, device=rec.x.device)
+        for t in range(max(commit)):
+            on = (steps > t).to(state.dtype)
+            kda_update(state, rec.k[:, t] * on.view(B, 1, 1).to(rec.k.dtype), rec.v[:, t],
+                       rec.g[:, t] * on.view(B, 1, 1).to(rec.g.dtype), rec.beta[:, t] * on.view(B, 1).to(rec.beta.dtype))
+            for i, snap in enumerate(snapshots):
+                if snap is not None and snap[0] == t + 1:
+                    ssm[snap[1]] = state[i]
+    ssm[slots] = state
+    tails = torch.stack([window[i, c : c + W - 1] for i, c in enumerate(commit)])
+    conv_state[slots] = tails.to(conv_state.dtype)
+    for i, snap in enumerate(snapshots):
+        if snap is not None:
+            conv_state[snap[1]] = window[i, snap[0] : snap[0] + W - 1].to(conv_state.dtype)

@@ -47,7 +47,7 @@ def _l2norm_round(x, eps, dt: tl.constexpr):
 
 @triton.jit
 def _kda_decode_kernel(mixed_ptr, w_ptr, conv_ptr, ssm_ptr, slots_ptr, raw_ptr, alog_ptr, dtb_ptr, beta_ptr, o_ptr,
-                       H, stride_m, lower_bound, scale,
+                       H, stride_m, stride_conv, stride_ssm, lower_bound, scale,
                        K: tl.constexpr, V: tl.constexpr, W: tl.constexpr, BW: tl.constexpr,
                        SAFE_GATE: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
@@ -58,7 +58,8 @@ def _kda_decode_kernel(mixed_ptr, w_ptr, conv_ptr, ssm_ptr, slots_ptr, raw_ptr, 
     rk = tl.arange(0, K)
     rv = tl.arange(0, V)
     mrow = mixed_ptr + b * stride_m
-    tail = conv_ptr + slot * (W - 1) * C
+    # slot rows may be strided (the unified pool interleaves every layer's state in one block per slot)
+    tail = conv_ptr + slot * stride_conv
     q, qw = _conv_silu(mrow, w_ptr, tail, h * K + rk, C, W, BW)
     k, kw = _conv_silu(mrow, w_ptr, tail, H * K + h * K + rk, C, W, BW)
     v, vw = _conv_silu(mrow, w_ptr, tail, 2 * H * K + h * V + rv, C, W, BW)
@@ -76,7 +77,7 @@ def _kda_decode_kernel(mixed_ptr, w_ptr, conv_ptr, ssm_ptr, slots_ptr, raw_ptr, 
     else:
         g = -a * tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
     beta = tl.load(beta_ptr + b * H + h).to(tl.float32)
-    sp = ssm_ptr + (slot * H + h) * K * V + rk[:, None] * V + rv[None, :]
+    sp = ssm_ptr + slot * stride_ssm + h * K * V + rk[:, None] * V + rv[None, :]
     S = tl.load(sp) * tl.exp(g)[:, None]
     u = v - tl.sum(S * k[:, None], 0)
     S = S + (beta * k)[:, None] * u[None, :]
@@ -93,7 +94,7 @@ def kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_b
     B = mixed.shape[0]
     H, K, V = ssm.shape[1:]
     W = conv_weight.shape[1]
-    assert conv_state.is_contiguous() and ssm.is_contiguous() and ssm.dtype == torch.float32
+    assert conv_state[0].is_contiguous() and ssm[0].is_contiguous() and ssm.dtype == torch.float32
     assert mixed.shape[1] == H * (2 * K + V) == conv_state.shape[2], "mixed / conv_state channel mismatch"
     o = torch.empty(B, H, V, dtype=mixed.dtype, device=mixed.device)
     if mixed.stride(-1) != 1:
@@ -101,6 +102,7 @@ def kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_b
     if B:
         _kda_decode_kernel[(B, H)](
             mixed, conv_weight.contiguous(), conv_state, ssm, slots, raw_gate.contiguous(), A_log, dt_bias,
-            beta.contiguous(), o, H, mixed.stride(0), 0.0 if lower_bound is None else float(lower_bound), float(scale),
+            beta.contiguous(), o, H, mixed.stride(0), conv_state.stride(0), ssm.stride(0),
+            0.0 if lower_bound is None else float(lower_bound), float(scale),
             K=K, V=V, W=W, BW=triton.next_power_of_2(W), SAFE_GATE=lower_bound is not None, num_warps=8 if K * V >= 128 * 128 else 4)
     return o

@@ -9,17 +9,12 @@ The log-sum-exp lets partial results over disjoint key sets be merged exactly (d
 import torch
 
 
-def page_token_indices(page_table_row: torch.Tensor, seq_len: int, page_size: int) -> torch.Tensor:
-    """Flat cache-slot index of positions 0..seq_len-1 for one sequence's page table."""
-    pos = torch.arange(seq_len, device=page_table_row.device)
-    return page_table_row[pos // page_size].long() * page_size + pos % page_size
-
-
 def gather_latents(kv_cache: torch.Tensor, page_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
     """kv_cache [num_pages, page_size, D] -> the sequence's latents [seq_len, D]."""
-    num_pages, page_size, D = kv_cache.shape
-    idx = page_token_indices(page_table_row, seq_len, page_size)
-    return kv_cache.view(num_pages * page_size, D)[idx]
+    page_size = kv_cache.shape[1]
+    pos = torch.arange(seq_len, device=page_table_row.device)
+    # (page, offset) indexing works on strided views (the unified pool) as well as on contiguous buffers
+    return kv_cache[page_table_row[pos // page_size].long(), pos % page_size]
 
 
 def attention_with_lse(q, k, v, scale: float, q_offset: int, causal: bool = True):
@@ -61,16 +56,19 @@ def merge_attention_states(outs: list[torch.Tensor], lses: list[torch.Tensor]):
 def mla_decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank: int, scale: float):
     """Reference of the batched paged decode (see kestrel.ops.mla.decode_paged): all sequences at once, keys
     gathered through the page table into a padded [B, S_max] block and masked past each sequence's length."""
-    num_pages, page_size, D = kv_buffer.shape
+    page_size = kv_buffer.shape[1]
     B, H, R = q_lat.shape
     dt = torch.float64 if q_lat.dtype == torch.float64 else torch.float32
     s_max = int(page_table.shape[1]) * page_size
     pos = torch.arange(s_max, device=q_lat.device)
-    slots = page_table.long()[:, pos // page_size] * page_size + pos % page_size  # [B, S]
-    lat = kv_buffer.view(num_pages * page_size, D)[slots].to(dt)  # [B, S, R + Dr]
+    lat = kv_buffer[page_table.long()[:, pos // page_size], pos % page_size].to(dt)  # [B, S, R + Dr]
+    # NOTE: rows past a sequence's end are whatever the page held (NaN in tests): zero them, since a masked
+    # score's zero weight times NaN is still NaN
+    beyond = pos[None, :] >= seq_lens.view(B, 1)
+    lat = lat.masked_fill(beyond.unsqueeze(-1), 0.0)
     q = torch.cat([q_lat, q_rope], dim=-1).to(dt)  # [B, H, R + Dr]
     s = torch.einsum("bhd,bsd->bhs", q, lat) * scale
-    s = s.masked_fill(pos[None, None, :] >= seq_lens.view(B, 1, 1), float("-inf"))
+    s = s.masked_fill(beyond.unsqueeze(1), float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     out = torch.einsum("bhs,bsr->bhr", torch.exp(s - lse.unsqueeze(-1)), lat[..., :kv_lora_rank])
     return out.to(q_lat.dtype), lse

@@ -3,6 +3,7 @@
 from kestrel.ops import kernel
 from kestrel.ops.moe import reference
 from kestrel.ops.moe.reference import Activation  # noqa: F401
+from kestrel.ops.moe.reference import moe_experts_dense as experts_dense  # noqa: F401
 
 
 def route(logits, correction_bias, top_k, renormalize, scaling, num_expert_group=1, topk_group=1):

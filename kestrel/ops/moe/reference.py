@@ -76,3 +76,13 @@ def moe_experts(x, w1, w2, w3, weights, ids, act) -> torch.Tensor:
         h = act(xe @ w1[e].t(), xe @ w3[e].t()) @ w2[e].t()
         out.index_add_(0, tok, h * weights[tok, slot].unsqueeze(-1).to(h.dtype))
     return out
+
+
+def moe_experts_dense(x, w1, w2, w3, weights, ids, act) -> torch.Tensor:
+    """The same sum as moe_experts, computed for every expert on every token and weighted by a dense [T, E]
+    routing matrix (zeros off the chosen experts): E / top_k times the FLOPs, but no data-dependent shapes,
+    so no host synchronisation (the training path)."""
+    dense = torch.zeros(x.shape[0], w1.shape[0], dtype=weights.dtype, device=x.device).scatter(1, ids, weights)
+    h = act(torch.einsum("td,eid->eti", x, w1), torch.einsum("td,eid->eti", x, w3))
+    y = torch.einsum("eti,edi->etd", h, w2)
+    return torch.einsum("etd,te->td", y, dense.to(y.dtype))
