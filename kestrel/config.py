@@ -46,6 +46,9 @@ class ServerArgs:
     speculative_algorithm: str | None = _f(None, "dspark, or none")
     speculative_draft_model_path: str | None = _f(None, "drafter checkpoint (default: the bundled drafter)")
     speculative_num_draft_tokens: int = _f(7, "draft block size gamma")
+    speculative_state_rollback: str = _f("replay", "how a verify step rolls KDA state back: replay (ReplaySSM: store "
+                                                   "step inputs, fold the accepted prefix) or snapshot (a state per step)")
+    disable_verify_planner: bool = _f(False, "verify every drafted token (no pruning by the verify planner)")
     # GPU
     disable_cuda_graph: bool = _f(False, "run decode without CUDA graphs")
     cuda_graph_max_bs: int = _f(256, "largest decode batch captured in a CUDA graph")
@@ -55,6 +58,8 @@ class ServerArgs:
     api_key: str | None = _f(None, "require this key as 'Authorization: Bearer KEY'")
     log_level: str = _f("info", "logging level")
     enable_metrics: bool = _f(True, "serve Prometheus metrics at /metrics")
+    stream_interval: int = _f(1, "tokens between streamed updates of a request (the first token goes at once); "
+                                 "larger values cost the front end less per token")
 
     def __post_init__(self):
         def need(name, ok, why):
@@ -64,6 +69,7 @@ class ServerArgs:
         need("page_size", self.page_size >= 1, "must be >= 1")
         need("chunked_prefill_size", self.chunked_prefill_size >= 1, "must be >= 1")
         need("max_running_requests", self.max_running_requests >= 1, "must be >= 1")
+        need("stream_interval", self.stream_interval >= 1, "must be >= 1")
         need("dtype", self.dtype in ("auto", "float32", "bfloat16", "float16", "float64"), "unknown dtype")
         need("device", self.device in ("auto", "cpu") or self.device.startswith("cuda"), "must be auto, cpu or cuda")
         need("schedule_policy", self.schedule_policy == "fcfs", "only fcfs is implemented")
@@ -71,6 +77,8 @@ class ServerArgs:
         need("max_states_per_path", self.max_states_per_path >= 1, "must be >= 1")
         need("speculative_algorithm", self.speculative_algorithm in (None, "none", "dspark"), "dspark or none")
         need("speculative_num_draft_tokens", self.speculative_num_draft_tokens >= 1, "must be >= 1")
+        need("speculative_state_rollback", self.speculative_state_rollback in ("replay", "snapshot"),
+             "replay or snapshot")
         need("context_length", self.context_length is None or self.context_length >= 2, "must be >= 2")
         need("max_total_tokens", self.max_total_tokens is None or self.max_total_tokens >= 1, "must be >= 1")
         need("max_state_slots", self.max_state_slots is None or self.max_state_slots >= 2, "must be >= 2")

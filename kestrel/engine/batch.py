@@ -33,6 +33,10 @@ class Batch:
     # then the forward writes its snapshots (track: per sequence, (tokens into the extend, physical slot))
     mem_ops: list[tuple] = field(default_factory=list)
     track: list[tuple[int, int] | None] | None = None
+    # VERIFY: drafts allowed per request (the budget and context left), and per request an optional
+    # (committed steps, physical slot) where the fold leaves a prefix-cache snapshot if that many steps commit
+    max_drafts: list[int] = field(default_factory=list)
+    spec_snapshots: list[tuple[int, int] | None] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -44,3 +48,10 @@ class BatchResult:
     tokens: list[int]  # one per sample row
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    # VERIFY: per request the tokens it gains (accepted drafts + the target's token), drafts verified, whether
+    # the snapshot was taken, and per-token logprobs
+    spec_tokens: list[list[int]] | None = None
+    spec_drafted: list[int] | None = None
+    spec_snapshots: list[bool] | None = None
+    spec_logprobs: list[list[float]] | None = None
+    spec_top_logprobs: list[list | None] | None = None

@@ -44,6 +44,9 @@ def output_dict(req: Req, tokenizer, index: int = 0) -> dict:
         "finish_reason": finish_reason_json(req),
         "e2e_latency": (req.finished_at or time.monotonic()) - req.created_at,
     }
+    if req.spec_verify_ct:
+        meta["spec_verify_ct"] = req.spec_verify_ct
+        meta["spec_accepted_tokens"] = req.spec_accepted
     if req.return_logprob:
         dec = (lambda t: tokenizer.decode([t], False)) if tokenizer else (lambda t: None)
         meta["output_token_logprobs"] = [(lp, t, dec(t)) for lp, t in zip(req.output_logprobs, req.output_ids)]

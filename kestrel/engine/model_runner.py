@@ -34,6 +34,12 @@ class ModelRunner:
             model.fuse_projections()
             if not args.disable_cuda_graph:
                 self.graphs = self._capture_graphs()
+        self.spec = None
+        if args.speculative:
+            from kestrel.spec.worker import SpecWorker
+
+            self.spec = SpecWorker(self, args.speculative_draft_model_path, args.speculative_num_draft_tokens,
+                                   args.speculative_state_rollback, not args.disable_verify_planner)
         # sampled tokens the next batch may read before the scheduler has seen them
         self.future_size = 4 * args.max_running_requests + 16
         self.future = torch.zeros(self.future_size, dtype=torch.long, device=self.device)
@@ -45,7 +51,6 @@ class ModelRunner:
         slots = a.max_state_slots or a.max_running_requests * slots_per_request + 1
         if a.enable_unified_memory:
             # the same bytes the two static pools would take, as one pool either side can fill
-            probe = UnifiedPool(self.cfg, 0, ps, self.dtype, "meta") if False else None
             mem = UnifiedMemory(self.cfg, unified_bytes(self.cfg, tokens, slots, ps, self.dtype), ps, self.dtype,
                                 self.device)
             log.info("unified memory: %.1f MB (%d-byte state blocks, %d-byte KV pages)", mem.pool.total / 1e6,
@@ -83,6 +88,8 @@ class ModelRunner:
             ids = torch.where(ids < 0, self.future[(-ids - 1).clamp_min(0)], ids)
         for op in b.mem_ops:
             self.mem.run(op)
+        if b.mode == ForwardMode.VERIFY:
+            return self.spec.run(b)
         if b.mode == ForwardMode.DECODE:
             positions = torch.tensor(b.prefix_lens, dtype=torch.long, device=dev)
         else:
@@ -109,12 +116,16 @@ class ModelRunner:
             seq_lens_t=torch.tensor([p + n for p, n in zip(b.prefix_lens, b.extend_lens)], device=dev))
         if not b.sample_rows:
             fb.logits_indices = fb.logits_indices[:0]
+        if self.spec is not None:
+            fb.capture_layers = self.spec.layers
         if self.graphs is not None and self.graphs.can_run(fb):
             out = self.graphs.run(fb)
         else:
             out = self.model(fb)
         for src, dst in end_snapshots:
             self.mem.run(("copy_slot", src, dst))
+        if self.spec is not None:
+            self.spec.keep_features(b, out.captured, fb.logits_indices)
         if not b.sample_rows:
             return BatchResult([])
         s = sample(out.logits, b.sampling_states, b.want_logprobs, b.top_logprobs_num)

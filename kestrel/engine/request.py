@@ -43,6 +43,9 @@ class Req:
     shared_pages: int = 0
     cache_node: object = None
     retractions: int = 0
+    # speculative decoding: verify steps and drafted tokens accepted
+    spec_verify_ct: int = 0
+    spec_accepted: int = 0
     created_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     finished_at: float | None = None

@@ -76,6 +76,33 @@ def _filter(probs: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return probs
 
 
+def adjusted_logits(row: torch.Tensor, st: SamplingState) -> torch.Tensor:
+    """One row's logits after the request's penalties and min_new_tokens hold-back (a copy)."""
+    row = row.clone()
+    if st.needs_counts:
+        row = _apply_penalties(row, st)
+    if st.step < st.params.min_new_tokens and st.stop_ids:
+        row[list(st.stop_ids)] = float("-inf")
+    return row
+
+
+def distribution(row: torch.Tensor, st: SamplingState) -> torch.Tensor:
+    """The distribution a non-greedy request samples from at its current step (fp64)."""
+    p = st.params
+    return _filter(torch.softmax(adjusted_logits(row, st).double() / p.temperature, dim=-1), p)
+
+
+def draw(probs: torch.Tensor, st: SamplingState) -> int:
+    """A token from probs with the request's noise for its current step (the exponential race)."""
+    return int((probs / _noise(st.seed, st.step, probs.numel(), probs.device)).argmax())
+
+
+def uniform(st: SamplingState) -> float:
+    """A U(0, 1) draw keyed by (seed, step), independent of `draw`'s noise (speculative acceptance tests)."""
+    gen = torch.Generator().manual_seed((st.seed * 6364136223846793005 + st.step * 1442695040888963407 + 7) & _MASK63)
+    return float(torch.rand((), generator=gen, dtype=torch.float64))
+
+
 def sample(logits: torch.Tensor, states: list[SamplingState], want_logprobs: bool, top_logprobs_num: int) -> SampleOutput:
     """logits [B, V] -> one token per row. Advances every state by one step."""
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
@@ -85,23 +112,23 @@ def sample(logits: torch.Tensor, states: list[SamplingState], want_logprobs: boo
         p = st.params
         if p.greedy and not st.needs_counts and not (st.step < p.min_new_tokens and st.stop_ids):
             continue
-        row = logits[i].clone()
-        if st.needs_counts:
-            row = _apply_penalties(row, st)
-        if st.step < p.min_new_tokens and st.stop_ids:
-            row[list(st.stop_ids)] = float("-inf")
         if p.greedy:
-            tokens[i] = row.argmax()
+            tokens[i] = adjusted_logits(logits[i], st).argmax()
         else:
-            probs = _filter(torch.softmax(row.double() / p.temperature, dim=-1), p)
-            tokens[i] = (probs / _noise(st.seed, st.step, probs.numel(), probs.device)).argmax()
+            tokens[i] = draw(distribution(logits[i], st), st)
     logprobs = top = None
     if want_logprobs or top_logprobs_num:
-        lp = torch.log_softmax(logits.double(), dim=-1)
-        logprobs = lp.gather(1, tokens[:, None])[:, 0]
-        if top_logprobs_num:
-            top = lp.topk(top_logprobs_num, dim=-1)
-            top = (top.values, top.indices)
+        logprobs, top = token_logprobs(logits, tokens, top_logprobs_num)
     for st, t in zip(states, tokens.tolist()):
         st.advance(t)
     return SampleOutput(tokens, logprobs, top)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_n: int):
+    """log p(token) under the model (raw logits, temperature 1) and the top_n alternatives."""
+    lp = torch.log_softmax(logits.double(), dim=-1)
+    top = None
+    if top_n:
+        t = lp.topk(top_n, dim=-1)
+        top = (t.values, t.indices)
+    return lp.gather(1, tokens[:, None])[:, 0], top

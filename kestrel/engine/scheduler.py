@@ -52,6 +52,7 @@ class Scheduler:
         self.future_next = 0
         self.future_of: dict[str, int] = {}
         self.stats = SchedulerStats()
+        self.spec = args.speculative
         # requests that finished since the last step returned (whatever the reason), reported exactly once
         self._finished: list[Req] = []
         self.check_invariants = False  # tests turn this on: invariants proved after every step
@@ -94,7 +95,12 @@ class Scheduler:
         """One iteration. Returns the requests that received tokens or finished."""
         updated: list[Req] = []
         batch = self._schedule(updated)
-        if batch is None:
+        if batch is not None and batch.mode == ForwardMode.VERIFY:
+            # a verify step's accepted length decides the next step's positions: it runs synchronously
+            updated += self._drain()
+            self._count(batch)
+            updated += self._process_verify(batch, self._run_safely(batch))
+        elif batch is None:
             if self.inflight is not None:
                 updated += self._drain()
             self._reap()
@@ -155,6 +161,12 @@ class Scheduler:
                 break
             work = self._running_work()
         work += self._admit(work)
+        if self.spec:
+            # prefill chunks run as ordinary extends; the decoding requests verify drafted blocks together
+            prefill = [(r, n) for r, n in work if r.remaining > 1 or r.computed_len == 0]
+            if not prefill:
+                return self._build_verify([r for r, _ in work])
+            work = prefill
         work = [(r, n) for r, n in work if self._grow(r, n)]
         if not work:
             return None
@@ -281,7 +293,66 @@ class Scheduler:
             top_logprobs_num=max([reqs[i].top_logprobs_num for i in sample_rows], default=0),
             mem_ops=mm.take_ops(), track=track if any(t is not None for t in track) else None)
 
+    def _build_verify(self, reqs: list[Req]) -> Batch | None:
+        """One VERIFY batch: each request feeds its last committed token plus up to gamma drafts."""
+        mm, gamma = self.mm, self.args.speculative_num_draft_tokens
+        work = []
+        for r in reqs:
+            drafts = max(0, min(gamma, r.budget_left - 1, self.context_len - r.total_len - 1))
+            # short of pages: verify the committed token alone (the room for that was made before)
+            if not self._grow(r, 1 + drafts):
+                drafts = 0
+            if self._grow(r, 1 + drafts):
+                work.append((r, drafts))
+        if not work:
+            return None
+        ids, snaps = [], []
+        for r, drafts in work:
+            ids.append(r.token_at(r.computed_len) if r.computed_len < r.known_len else -(self.future_of[r.rid] + 1))
+            snap = mm.cache.spec_snapshot(r, 1 + drafts, mm)
+            snaps.append(snap)
+        reqs = [r for r, _ in work]
+        live = mm.state.slots.used
+        return Batch(
+            mode=ForwardMode.VERIFY, reqs=reqs, input_ids=ids, extend_lens=[1] * len(reqs),
+            prefix_lens=[r.computed_len for r in reqs], page_table=[mm.mem.page_phys(r.pages) for r in reqs],
+            out_cache_loc=[], state_slots=[mm.mem.slot_phys(r.slot) for r in reqs], sample_rows=list(range(len(reqs))),
+            future_idx=[], sampling_states=[self.states[r.rid] for r in reqs],
+            want_logprobs=any(r.return_logprob for r in reqs), top_logprobs_num=max(r.top_logprobs_num for r in reqs),
+            mem_ops=mm.take_ops(), max_drafts=[d for _, d in work],
+            spec_snapshots=[None if s is None or s[1] not in live else (s[0], mm.mem.slot_phys(s[1])) for s in snaps])
+
     # ---- results
+    def _process_verify(self, batch: Batch, result: BatchResult | Exception) -> list[Req]:
+        if isinstance(result, Exception):
+            return self._process(batch, result)
+        updated, now = [], time.monotonic()
+        for i, r in enumerate(batch.reqs):
+            r.inflight -= 1
+            toks = result.spec_tokens[i]
+            # the last committed token and the accepted drafts are now in the KV cache and the state
+            r.computed_len += len(toks)
+            r.spec_verify_ct += 1
+            r.spec_accepted += len(toks) - 1
+            self.mm.cache.spec_after(r, result.spec_snapshots[i], self.mm)
+            if r.finished:
+                continue
+            for j, tok in enumerate(toks):
+                r.output_ids.append(tok)
+                self.stats.generation_tokens += 1
+                if result.spec_logprobs is not None:
+                    r.output_logprobs.append(result.spec_logprobs[i][j])
+                    if r.top_logprobs_num and result.spec_top_logprobs[i] is not None:
+                        r.output_top_logprobs.append(result.spec_top_logprobs[i][j][: r.top_logprobs_num])
+                if r.first_token_at is None:
+                    r.first_token_at = now
+                self._check_finish(r, tok)
+                if r.finished:
+                    break
+            updated.append(r)
+        self._reap()
+        return updated
+
     def _process(self, batch: Batch, result: BatchResult | Exception) -> list[Req]:
         updated = []
         if isinstance(result, Exception):
@@ -338,3 +409,5 @@ class Scheduler:
     def _forget(self, r: Req) -> None:
         self.states.pop(r.rid, None)
         self.future_of.pop(r.rid, None)
+        if self.spec:
+            self.runner.spec.forget(r.rid)

@@ -37,6 +37,13 @@ class NoCache:
         """An upper bound on req's next prefill chunk (to end it where a snapshot is wanted), or None."""
         return None
 
+    def spec_snapshot(self, req: Req, max_steps: int, mm: "MemoryManager") -> tuple[int, int] | None:
+        """A verify step may commit up to max_steps tokens: (steps, slot) where its fold should leave a snapshot."""
+        return None
+
+    def spec_after(self, req: Req, taken: bool, mm: "MemoryManager") -> None:
+        """Whether the fold reached the snapshot spec_snapshot asked for."""
+
     def release(self, req: Req, mm: "MemoryManager", keep: bool) -> None:
         """Take back req's memory at finish or retraction (keep: the cache may keep its prefix) or abort."""
         mm.free_pages(req.pages)

@@ -228,6 +228,32 @@ class RadixCache:
             self.evict(mm, slots=1)
         return mm.mem.alloc_slot() if mm.num_free_slots >= 1 else None
 
+    def spec_snapshot(self, req: Req, max_steps: int, mm) -> tuple[int, int] | None:
+        """Decode snapshots under speculation: the next interval boundary, if a verify step may commit past it."""
+        info = self.reqs[req.rid]
+        start = req.computed_len
+        pos = (start // self.interval + 1) * self.interval
+        if pos > start + max_steps:
+            return None
+        slot = self._alloc_slot(mm)
+        if slot is None:
+            return None
+        info.scheduled = (pos, slot, False)
+        return pos - start, slot
+
+    def spec_after(self, req: Req, taken: bool, mm) -> None:
+        info = self.reqs[req.rid]
+        if info.scheduled is None:
+            return
+        pos, slot, _ = info.scheduled
+        info.scheduled = None
+        if not taken:
+            mm.free_slot(slot)
+            return
+        if info.snapshot is not None:
+            mm.free_slot(info.snapshot[1])
+        info.snapshot = (pos, slot)
+
     def after_forward(self, req: Req, mm) -> None:
         info = self.reqs[req.rid]
         if info.restore is not None:

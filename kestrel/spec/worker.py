@@ -1,0 +1,149 @@
+"""The speculative step on the forward thread: draft, plan, verify in one target forward, accept, fold.
+
+The scheduler hands a VERIFY Batch: per request the last committed token (not yet fed), its pages for up to
+gamma + 1 new positions and its committed state slot. Here the drafter proposes gamma tokens from the target
+features kept from the request's previous forward, the planner trims each block, the target verifies every block
+in one VERIFY forward (KDA state read, not written; step inputs stored), the sampler's rules accept a prefix, and
+ReplaySSM folds exactly the committed steps into the state. The features at the last committed position are kept
+for the next draft.
+"""
+
+import logging
+from pathlib import Path
+
+import torch
+
+from kestrel.engine.batch import Batch, BatchResult
+from kestrel.engine.sampler import token_logprobs
+from kestrel.models.forward_batch import ForwardBatch, ForwardMode
+from kestrel.ops import kda as kda_ops
+from kestrel.spec.drafter import DSparkDrafter
+from kestrel.spec.planner import StepProfile, VerifyPlanner
+from kestrel.spec.verify import accept
+
+log = logging.getLogger(__name__)
+
+BUNDLED_DRAFTER = Path(__file__).resolve().parent.parent / "assets" / "k3-small-dspark"
+
+
+class SpecWorker:
+    def __init__(self, runner, draft_path: str | None, gamma: int, rollback: str, use_planner: bool):
+        self.runner = runner
+        path = Path(draft_path) if draft_path else BUNDLED_DRAFTER
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"no DSpark drafter at {path}: pass --speculative-draft-model-path")
+        dtype = torch.float32 if runner.dtype == torch.float64 else runner.dtype
+        self.drafter = DSparkDrafter.load(path, device=runner.device, dtype=dtype)
+        if gamma > self.drafter.cfg.gamma_max:
+            raise ValueError(f"--speculative-num-draft-tokens {gamma} exceeds the drafter's {self.drafter.cfg.gamma_max}")
+        self.gamma, self.rollback = gamma, rollback
+        self.layers = self.drafter.cfg.feature_layers
+        self.features: dict[str, torch.Tensor] = {}  # rid -> target features at its last processed position
+        self.use_planner = use_planner
+        self.profile: dict[int, list[tuple[int, float]]] = {}
+        self.window_bytes = 0  # draft-window memory of the last verify (the rollback method's cost)
+
+    # ---- features from ordinary forwards
+    def keep_features(self, b: Batch, captured: dict[int, torch.Tensor], rows: torch.Tensor) -> None:
+        if not b.sample_rows:
+            return
+        feats = self.drafter.gather_features({l: captured[l][rows] for l in self.layers})
+        for k, row in enumerate(b.sample_rows):
+            self.features[b.reqs[row].rid] = feats[k]
+
+    def forget(self, rid: str) -> None:
+        self.features.pop(rid, None)
+
+    # ---- the verify step
+    @torch.inference_mode()
+    def run(self, b: Batch) -> BatchResult:
+        r, dev = self.runner, self.runner.device
+        B = len(b.reqs)
+        x0 = torch.tensor(b.input_ids, dtype=torch.long, device=dev)
+        if min(b.input_ids) < 0:
+            x0 = torch.where(x0 < 0, r.future[(-x0 - 1).clamp_min(0)], x0)
+        feats = torch.stack([self.features[q.rid] for q in b.reqs])
+        draft = self.drafter.propose(feats, x0, self.gamma)
+        keep = self._plan(draft.confidence, b.max_drafts)
+        drafts = [draft.tokens[i, : keep[i]].tolist() for i in range(B)]
+        lens = [1 + k for k in keep]
+        ids = torch.cat([torch.cat([x0[i : i + 1], draft.tokens[i, : keep[i]]]) for i in range(B)])
+        fb = self._forward_batch(b, ids, lens)
+        out = r.model(fb)
+        self.window_bytes = sum(rec.nbytes() for rec in fb.replay.values())
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        results = [accept(out.logits[cu[i] : cu[i + 1]], drafts[i], b.sampling_states[i]) for i in range(B)]
+        commit = [len(a.tokens) for a in results]  # the last committed token and the accepted drafts
+        snaps = [None] * B
+        taken = []
+        for i, snap in enumerate(b.spec_snapshots or [None] * B):
+            ok = snap is not None and snap[0] <= commit[i]
+            taken.append(ok)
+            snaps[i] = snap if ok else None
+        for layer, rec in fb.replay.items():
+            kda_ops.fold(rec, r.mem.conv_state(layer), r.mem.ssm_state(layer), fb.state_slots, commit, snaps)
+        rows = torch.tensor([cu[i] + commit[i] - 1 for i in range(B)], device=dev)
+        feats = self.drafter.gather_features({l: out.captured[l][rows] for l in self.layers})
+        for i, q in enumerate(b.reqs):
+            self.features[q.rid] = feats[i]
+        res = BatchResult(tokens=[a.tokens[-1] for a in results], spec_tokens=[a.tokens for a in results],
+                          spec_drafted=keep, spec_snapshots=taken)
+        if b.want_logprobs or b.top_logprobs_num:
+            sel = torch.tensor([cu[i] + j for i, a in enumerate(results) for j in range(len(a.tokens))], device=dev)
+            toks = torch.tensor([t for a in results for t in a.tokens], device=dev)
+            lp, top = token_logprobs(out.logits[sel], toks, b.top_logprobs_num)
+            lp = lp.tolist()
+            top = None if top is None else [list(zip(i, v)) for i, v in zip(top[1].tolist(), top[0].tolist())]
+            res.spec_logprobs, res.spec_top_logprobs = [], []
+            k = 0
+            for a in results:
+                res.spec_logprobs.append(lp[k : k + len(a.tokens)])
+                res.spec_top_logprobs.append(None if top is None else top[k : k + len(a.tokens)])
+                k += len(a.tokens)
+        return res
+
+    def _forward_batch(self, b: Batch, ids: torch.Tensor, lens: list[int]) -> ForwardBatch:
+        r, dev = self.runner, self.runner.device
+        ps = r.mem.page_size
+        positions = torch.cat([torch.arange(p, p + n) for p, n in zip(b.prefix_lens, lens)]).to(dev)
+        locs = [row[i // ps] * ps + i % ps for row, p, n in zip(b.page_table, b.prefix_lens, lens) for i in range(p, p + n)]
+        width = max(len(row) for row in b.page_table)
+        pad = r.mem.scratch_page
+        table = torch.tensor([row + [pad] * (width - len(row)) for row in b.page_table], dtype=torch.int32, device=dev)
+        return ForwardBatch(ForwardMode.VERIFY, ids, positions, lens, list(b.prefix_lens), mem=r.mem, page_table=table,
+                            out_cache_loc=torch.tensor(locs, dtype=torch.long, device=dev),
+                            state_slots=torch.tensor(b.state_slots, dtype=torch.long, device=dev),
+                            capture_layers=self.layers, spec_rollback=self.rollback)
+
+    # ---- planning
+    def _plan(self, confidence: torch.Tensor, max_drafts: list[int]) -> list[int]:
+        B = len(max_drafts)
+        if not self.use_planner or B < 8:
+            return list(max_drafts)
+        bucket = 1 << (B - 1).bit_length()
+        if bucket not in self.profile:
+            self.profile[bucket] = self._measure(bucket)
+        return VerifyPlanner(StepProfile(self.profile)).plan(confidence, max_drafts)
+
+    def _measure(self, batch: int) -> list[tuple[int, float]]:
+        """One-off: verify step time at `batch` rows for every block length, on the scratch page and slot."""
+        r, dev = self.runner, self.runner.device
+        ps = r.mem.page_size
+
+        def step(bs: int, n: int) -> None:
+            pages = -(-n // ps)
+            fake = Batch(mode=ForwardMode.VERIFY, reqs=[], input_ids=[], extend_lens=[], prefix_lens=[0] * bs,
+                         page_table=[[r.mem.scratch_page] * pages] * bs, out_cache_loc=[],
+                         state_slots=[r.mem.scratch_slot] * bs, sample_rows=[], future_idx=[], sampling_states=[])
+            fb = self._forward_batch(fake, torch.zeros(bs * n, dtype=torch.long, device=dev), [n] * bs)
+            r.model(fb)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+
+        with torch.inference_mode():
+            step(batch, self.gamma + 1)  # warm-up
+            rows = StepProfile.measure(step, [batch], self.gamma, repeats=2).table[batch]
+        log.info("verify profile at batch %d: %s", batch, ", ".join(f"{t}:{s * 1e3:.1f}ms" for t, s in rows))
+        return rows

@@ -1,0 +1,108 @@
+"""Speculative decoding in the engine: lossless against plain decoding, with the cache, retraction and overlap."""
+
+import math
+
+import pytest
+import torch
+
+from kestrel.engine.sampler import SamplingState
+from kestrel.engine.sampling_params import SamplingParams
+from kestrel.spec.drafter import DSparkDrafter
+from kestrel.spec.planner import StepProfile, VerifyPlanner
+from kestrel.spec.verify import accept
+from tests.engine.helpers import drive, greedy_reference, make_core, random_prompts
+from tests.mem.test_radix_cache import BASE
+
+G = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(tiny64, tmp_path_factory):
+    """A random (untrained) drafter for k3-tiny: verification must be lossless whatever it proposes."""
+    path = tmp_path_factory.mktemp("dspark")
+    DSparkDrafter.from_target(tiny64, feature_layers=(0, 2, 3), hidden_size=32, num_heads=2, intermediate_size=64,
+                              correction_size=64, confidence_size=16).save(path, dtype=torch.float32)
+    return path
+
+
+def spec_core(tiny64, drafter_dir, **kw):
+    return make_core(tiny64, speculative_algorithm="dspark", speculative_draft_model_path=str(drafter_dir), **kw)
+
+
+@pytest.mark.parametrize("rollback", ["replay", "snapshot"])
+@pytest.mark.parametrize("page_size,overlap", [(1, True), (16, False)])
+def test_greedy_speculation_equals_plain_decoding(tiny64, drafter_dir, rollback, page_size, overlap):
+    prompts = [BASE[:n] + p for n, p in zip([0, 64, 100, 130] * 4, random_prompts(16, seed=page_size, lo=1, hi=40))]
+    core = spec_core(tiny64, drafter_dir, page_size=page_size, disable_overlap_schedule=not overlap,
+                     chunked_prefill_size=48, max_total_tokens=300, speculative_state_rollback=rollback,
+                     speculative_num_draft_tokens=4, state_track_interval=64)
+    reqs = [core.make_request(p, G) for p in prompts]
+    done = drive(core, reqs, seed=page_size)
+    for r, p in zip(reqs, prompts):
+        assert done[r.rid].output_ids == greedy_reference(tiny64, p, 12)
+        assert done[r.rid].spec_verify_ct > 0
+    assert core.scheduler.stats.cached_tokens > 0 and core.scheduler.stats.retractions > 0
+    core.shutdown()
+
+
+def test_trained_like_drafter_accepts_and_planner_keeps_output(tiny64, drafter_dir):
+    """A drafter that proposes the target's own next tokens is accepted; the planner (batch >= 8) only trims."""
+    prompts = random_prompts(10, seed=3, lo=5, hi=30)
+    core = spec_core(tiny64, drafter_dir, speculative_num_draft_tokens=4)
+    worker = core.runner.spec
+    worker.profile = {16: [(16 * n, 1e-3 * (1 + 0.05 * n)) for n in range(1, 6)]}
+
+    # an oracle drafter: the reference greedy continuation, so acceptance is high and the planner has work
+    def oracle(features, last_token, gamma, **kw):
+        out = worker.drafter.__class__.propose(worker.drafter, features, last_token, gamma)
+        for i, rid in enumerate(current):
+            r = by_rid[rid]
+            cont = greedy_reference(tiny64, r.prompt_ids, len(r.output_ids) + 1 + gamma)
+            out.tokens[i] = torch.tensor(cont[len(r.output_ids) : len(r.output_ids) + gamma])
+            out.confidence[i] = 0.9
+        return out
+
+    reqs = [core.make_request(p, {**G, "max_new_tokens": 9}) for p in prompts]
+    by_rid = {r.rid: r for r in reqs}
+    current = []
+    run = worker.run
+
+    def run_and_track(b):
+        current[:] = [r.rid for r in b.reqs]
+        return run(b)
+
+    worker.run = run_and_track
+    worker.drafter.propose = oracle
+    core.runner.spec = worker
+    done = drive(core, reqs)
+    for r, p in zip(reqs, prompts):
+        assert done[r.rid].output_ids == greedy_reference(tiny64, p, 9)
+    accepted = sum(done[r.rid].spec_accepted for r in reqs)
+    steps = sum(done[r.rid].spec_verify_ct for r in reqs)
+    assert accepted / steps > 1.5
+    core.shutdown()
+
+
+def test_rejection_sampling_matches_the_target_distribution():
+    """Draft a fixed token, accept by p(d), resample from the residual: the first token is distributed as p."""
+    V, n = 6, 6000
+    logits = torch.tensor([[1.0, 0.2, -0.5, 2.0, 0.0, -1.0]] * 3, dtype=torch.float64)
+    p = torch.softmax(logits[0] / 0.9, -1)
+    counts = torch.zeros(V)
+    params = SamplingParams.from_dict({"temperature": 0.9})
+    for seed in range(n):
+        st = SamplingState(params, seed, [])
+        out = accept(logits, [3, 0], st)
+        counts[out.tokens[0]] += 1
+    expected = p * n
+    stat = float(((counts - expected) ** 2 / expected).sum())
+    assert stat < (V - 1) + 5 * math.sqrt(2 * (V - 1)), stat
+
+
+def test_planner_keeps_positions_while_they_pay():
+    prof = StepProfile({16: [(16, 1.0), (32, 1.0), (48, 2.0), (64, 4.0)]})  # flat, then steep
+    planner = VerifyPlanner(prof)
+    conf = torch.full((16, 3), 0.9)
+    kept = planner.plan(conf, [3] * 16)
+    assert kept == [1] * 16  # the first extra token is free, the second costs more than it brings
+    assert VerifyPlanner(prof).plan(torch.full((4, 3), 0.9), [3] * 4) == [3] * 4  # below batch 8: no pruning
