@@ -42,30 +42,22 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 
 def _subcommands():
-    """name -> (help, add_args, run); modules load lazily so `kestrel --help` stays fast."""
-    cmds = {"generate": ("generate text from a prompt, streaming it to the terminal", _add_generate, _run_generate)}
-    try:
-        from kestrel.server import cli as server_cli
+    """name -> (help, add_args, run)."""
+    from kestrel import evaluation
+    from kestrel.server import cli as server_cli
+    from kestrel.spec import distill
+    from kestrel.train import trainer
 
-        cmds["serve"] = ("start the OpenAI-compatible HTTP server", server_cli.add_serve_args, server_cli.run_serve)
-        cmds["bench"] = ("serving benchmark against a running server", server_cli.add_bench_args, server_cli.run_bench)
-    except ImportError:
-        pass
-    try:
-        from kestrel.train import trainer
-
-        cmds["train"] = ("build the corpus and tokenizer, train the bundled k3-small", trainer.add_train_args,
-                         trainer.run_train)
-    except ImportError:
-        pass
-    try:
-        from kestrel import evaluation
-
-        cmds["eval"] = ("held-out arithmetic pass rate and code perplexity", evaluation.add_eval_args,
-                        evaluation.run_eval_cli)
-    except ImportError:
-        pass
-    return cmds
+    return {
+        "serve": ("start the OpenAI-compatible HTTP server", server_cli.add_serve_args, server_cli.run_serve),
+        "generate": ("generate text from a prompt, streaming it to the terminal", _add_generate, _run_generate),
+        "bench": ("serving benchmark against a running server", server_cli.add_bench_args, server_cli.run_bench),
+        "train": ("build the corpus and tokenizer, train the bundled k3-small", trainer.add_train_args,
+                  trainer.run_train),
+        "distill": ("distil the DSpark drafter from its target", distill.add_distill_args, distill.run_distill),
+        "eval": ("held-out arithmetic pass rate and code perplexity", evaluation.add_eval_args,
+                 evaluation.run_eval_cli),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         add(sub.add_parser(name, help=help_, description=help_))
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(args, "log_level", "info").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return cmds[args.command][2](args) or 0
+    result = cmds[args.command][2](args)
+    # some commands return what they made (a path, a results dict): only an int is an exit status
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

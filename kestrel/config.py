@@ -41,6 +41,8 @@ class ServerArgs:
     disable_radix_cache: bool = _f(False, "turn the prefix cache off")
     state_track_interval: int = _f(256, "decode tokens between KDA state snapshots (a multiple of the grid)")
     max_states_per_path: int = _f(4, "state checkpoints kept per root-to-leaf path of the prefix cache")
+    state_checkpoint_policy: str = _f("sparse", "sparse (per-path cap, branch points, LRU) or every-chunk (keep every "
+                                                "prefill chunk's snapshot, LRU only: the naive baseline)")
     enable_unified_memory: bool = _f(False, "one byte pool for MLA KV pages and KDA state slots")
     # speculative decoding
     speculative_algorithm: str | None = _f(None, "dspark, or none")
@@ -75,6 +77,8 @@ class ServerArgs:
         need("schedule_policy", self.schedule_policy == "fcfs", "only fcfs is implemented")
         need("state_track_interval", self.state_track_interval >= 1, "must be >= 1")
         need("max_states_per_path", self.max_states_per_path >= 1, "must be >= 1")
+        need("state_checkpoint_policy", self.state_checkpoint_policy in ("sparse", "every-chunk"),
+             "sparse or every-chunk")
         need("speculative_algorithm", self.speculative_algorithm in (None, "none", "dspark"), "dspark or none")
         need("speculative_num_draft_tokens", self.speculative_num_draft_tokens >= 1, "must be >= 1")
         need("speculative_state_rollback", self.speculative_state_rollback in ("replay", "snapshot"),

@@ -61,7 +61,7 @@ class EngineCore:
             return NoCache()
         from kestrel.mem.radix_cache import RadixCache
 
-        return RadixCache(self.args, self.cfg)
+        return RadixCache(self.args, self.cfg, checkpoint_every_chunk=self.args.state_checkpoint_policy == "every-chunk")
 
     # ---- requests
     def make_request(self, input_ids: list[int], params: SamplingParams | dict | None = None, rid: str | None = None,

@@ -225,6 +225,13 @@ class Scheduler:
             pages = self.mm.pages_needed(r, n)
             if not self.mm.can_alloc(pages + reserve, cache.slots_per_request):
                 cache.unmatch(r, self.mm)
+                if not self.running and self.inflight is None:
+                    # the pool is as empty as it gets: this request can never start
+                    self.waiting.pop(0)
+                    self._forget(r)
+                    self._finish(r, {"type": "abort", "message": f"the request needs {pages} KV pages at once; "
+                                                                 f"the pool holds {self.mm.kv.pages.capacity}"})
+                    continue
                 break
             self.waiting.pop(0)
             r.slot = self.mm.alloc_slot()
@@ -236,6 +243,10 @@ class Scheduler:
             admitted.append((r, n))
             budget -= n
             reserve += pages
+            if cache.chunk_limit(r) is not None:
+                # r will checkpoint a branch point this step: requests behind it may share that prefix, so
+                # they are matched next step, when the checkpoint exists
+                break
         return admitted
 
     def _chunk(self, r: Req, budget: int) -> int:

@@ -173,7 +173,7 @@ class RadixCache:
             req.computed_len = depth
         # where the request leaves the tree, on the grid: a branch point the next request can resume from
         fork = (min(m, len(tokens) - 1) // self.grid) * self.grid
-        if fork > depth:
+        if fork > depth and not self.every_chunk:
             info.fork = fork
         self.reqs[req.rid] = info
         return depth

@@ -68,6 +68,36 @@ class ForwardBatch:
         assert len(self.extend_lens) == len(self.prefix_lens), "extend_lens and prefix_lens differ in length"
         assert sum(self.extend_lens) == self.input_ids.numel(), "extend_lens do not add up to the tokens"
 
+    def split_decode_rows(self) -> tuple[list[int], list[int]] | None:
+        """For a mixed EXTEND batch with a cache: (rows that are plain decodes, the other rows), or None when the
+        batch is not mixed. Decode rows (one new token after a cached prefix, no mid-extend snapshot) can take the
+        batched decode kernels instead of being padded to the longest prefill chunk."""
+        if self.mode != ForwardMode.EXTEND or self.mem is None:
+            return None
+        dec = [i for i, (n, p) in enumerate(zip(self.extend_lens, self.prefix_lens))
+               if n == 1 and p > 0 and (self.track is None or self.track[i] is None)]
+        if not dec or len(dec) == self.batch_size:
+            return None
+        dec_set = set(dec)
+        return dec, [i for i in range(self.batch_size) if i not in dec_set]
+
+    def subset(self, rows: list[int]) -> tuple["ForwardBatch", torch.Tensor]:
+        """The metadata of some rows as their own batch, and the indices of their tokens in this batch's packing."""
+        cu = self.cu_seqlens
+        tok = torch.tensor([t for i in rows for t in range(cu[i], cu[i + 1])], dtype=torch.long,
+                           device=self.input_ids.device)
+        idx = torch.tensor(rows, dtype=torch.long, device=self.input_ids.device)
+        mode = ForwardMode.DECODE if all(self.extend_lens[i] == 1 for i in rows) else self.mode
+        sub = ForwardBatch(
+            mode, self.input_ids[tok], self.positions[tok], [self.extend_lens[i] for i in rows],
+            [self.prefix_lens[i] for i in rows], mem=self.mem,
+            page_table=None if self.page_table is None else self.page_table[idx],
+            out_cache_loc=None if self.out_cache_loc is None else self.out_cache_loc[tok],
+            state_slots=None if self.state_slots is None else self.state_slots[idx],
+            track=None if self.track is None else [self.track[i] for i in rows],
+            seq_lens_t=None if self.seq_lens_t is None else self.seq_lens_t[idx])
+        return sub, tok
+
     @property
     def equal_lengths(self) -> bool:
         return len(set(self.extend_lens)) <= 1

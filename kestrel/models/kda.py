@@ -94,6 +94,14 @@ class KDAMixer(nn.Module):
         mixed, raw_gate, beta, gate = self._project(x)
         if fb.mode == ForwardMode.DECODE and fb.mem is not None:
             o = self._decode(mixed, raw_gate, beta, fb)
+        elif fb.mode == ForwardMode.EXTEND and (split := fb.split_decode_rows()) is not None:
+            # a mixed batch: decode rows through the decode kernel, prefill rows through the chunked path
+            o = torch.empty(T, H, self.head_dim, dtype=mixed.dtype, device=mixed.device)
+            dec, dec_tok = fb.subset(split[0])
+            o[dec_tok] = self._decode(mixed[dec_tok], raw_gate[dec_tok], beta[dec_tok], dec)
+            ext, ext_tok = fb.subset(split[1])
+            g = kda_ops.kda_gate(raw_gate[ext_tok], self.A_log, self.dt_bias, self.lower_bound)
+            o[ext_tok] = self._extend(mixed[ext_tok], g, beta[ext_tok], ext)
         elif fb.mode == ForwardMode.EXTEND:
             g = kda_ops.kda_gate(raw_gate, self.A_log, self.dt_bias, self.lower_bound)
             o = self._stateless(mixed, g, beta, fb) if fb.mem is None else self._extend(mixed, g, beta, fb)

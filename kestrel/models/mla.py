@@ -68,6 +68,13 @@ class MLAMixer(nn.Module):
             buf[fb.out_cache_loc // ps, fb.out_cache_loc % ps] = latent.to(buf.dtype)
         if fb.mode == ForwardMode.DECODE and fb.mem is not None:
             o = self._decode(q, buf, fb)
+        elif (split := fb.split_decode_rows()) is not None:
+            # a mixed batch: decode rows in one batched paged decode, prefill rows one sequence at a time
+            o = q.new_empty(q.shape[0], self.num_heads, self.v_dim)
+            dec, dec_tok = fb.subset(split[0])
+            o[dec_tok] = self._decode(q[dec_tok], buf, dec)
+            ext, ext_tok = fb.subset(split[1])
+            o[ext_tok] = self._per_sequence(q[ext_tok], latent[ext_tok], ext)
         else:
             o = self._per_sequence(q, latent, fb)
         o = o.reshape(x.shape[0], -1)  # [T, H * v_dim]

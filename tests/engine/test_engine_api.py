@@ -116,3 +116,13 @@ def test_metrics(engine):
     engine.generate(input_ids=[1, 2, 3, 4], sampling_params={**GREEDY, "max_new_tokens": 3})
     m = engine.metrics()
     assert m["generation_tokens_total"] >= 3 and m["num_running_reqs"] == 0 and m["kv_pages_used"] == 0
+
+
+def test_a_request_larger_than_the_pool_is_refused_not_hung(tiny64):
+    core = make_core(tiny64, disable_radix_cache=True, max_total_tokens=32, chunked_prefill_size=4096)
+    big = core.make_request(list(range(100)), {**GREEDY, "max_new_tokens": 4})
+    small = core.make_request(list(range(10)), {**GREEDY, "max_new_tokens": 4})
+    done = drive(core, [big, small])
+    assert done[big.rid].finish_reason["type"] == "abort" and "KV pages" in done[big.rid].finish_reason["message"]
+    assert done[small.rid].output_ids == greedy_reference(tiny64, list(range(10)), 4)
+    core.shutdown()
