@@ -44,41 +44,6 @@ def copy_bandwidth(gib: float = 2.0) -> float:
     return 2 * n * 4 / t
 
 
-@torch.no_grad()
-def init_random_cuda(model: torch.nn.Module, seed: int = 0, gain: float = 1.0) -> None:
-    """kestrel.models.presets.init_random's distributions, drawn on the GPU (the CPU version draws 5.5 B float64
-    normals for k3-mini, which would cost a minute of device time)."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-
-    def normal_(t, std):
-        t.copy_(torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32) * std)
-
-    for name, p in model.named_parameters():
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf == "A_log":
-            p.zero_()
-        elif leaf == "dt_bias":
-            u = torch.rand(p.shape, generator=gen, device=p.device, dtype=torch.float64)
-            dt = torch.exp(u * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
-            p.copy_(dt + torch.log(-torch.expm1(-dt)))
-        elif name.endswith("norm.weight") or leaf == "norm_weight":
-            normal_(p, 0.1)
-            p.add_(1.0)
-        elif leaf == "proj_weight":
-            normal_(p, 1.0 / math.sqrt(p.shape[-1]))
-        elif "conv1d" in name:
-            normal_(p, 1.0 / math.sqrt(p.shape[-1]))
-        elif "embed_tokens" in name:
-            normal_(p, 1.0)
-        elif p.dim() >= 2:
-            normal_(p, gain / math.sqrt(p.shape[-1]))
-        else:
-            normal_(p, 0.02)
-    for name, b in model.named_buffers():
-        if name.endswith("e_score_correction_bias"):
-            normal_(b, 0.1)
-
-
 class Log:
     """Print and keep every line, so the full log lands under $OUT."""
 

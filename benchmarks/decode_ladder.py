@@ -19,7 +19,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import Log, copy_bandwidth, cuda_time, init_random_cuda, stamp  # noqa: E402
+from benchmarks.common import Log, copy_bandwidth, cuda_time, stamp  # noqa: E402
+from kestrel.models.presets import init_random  # noqa: E402
 from kestrel.engine.cuda_graph import DecodeGraphRunner  # noqa: E402
 from kestrel.mem.pools import KVPool, Memory, StatePool  # noqa: E402
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
@@ -83,7 +84,7 @@ class DecodeSetup:
 def build_model(cfg, seed=0):
     with torch.device("cuda"):
         model = K3ForCausalLM(cfg, dtype=DT)
-    init_random_cuda(model, seed)
+    init_random(model, seed)
     return model.eval()
 
 

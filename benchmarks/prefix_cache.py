@@ -21,23 +21,32 @@ from kestrel.config import ServerArgs
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
 
+def run_wave(core: EngineCore, reqs, ttft: list[float]) -> None:
+    """Submit requests together and step until they finish, recording their time to first token."""
+    for r in reqs:
+        core.add_request(r)
+    pending = {r.rid for r in reqs}
+    while pending:
+        for r in core.step():
+            if r.finished and r.rid in pending:
+                pending.discard(r.rid)
+                ttft.append(r.first_token_at - r.created_at)
+
+
+def summary(core: EngineCore, ttft: list[float], outs) -> dict:
+    s = core.scheduler.stats
+    return {"prompt": s.prompt_tokens, "computed": s.computed_prompt_tokens, "cached": s.cached_tokens,
+            "hit": s.cached_tokens / max(s.prompt_tokens, 1), "ttft_ms": 1e3 * statistics.mean(ttft), "outs": outs}
+
+
 def run(core: EngineCore, batches: list[list[tuple[list[int], int]]]) -> dict:
     """Each inner list is submitted together (one wave), waves run one after the other."""
     ttft, outs = [], []
     for wave in batches:
         reqs = [core.make_request(p, {**GREEDY, "max_new_tokens": n}) for p, n in wave]
-        for r in reqs:
-            core.add_request(r)
-        pending = {r.rid for r in reqs}
-        while pending:
-            for r in core.step():
-                if r.finished and r.rid in pending:
-                    pending.discard(r.rid)
-                    ttft.append(r.first_token_at - r.created_at)
+        run_wave(core, reqs, ttft)
         outs += [r.output_ids for r in reqs]
-    s = core.scheduler.stats
-    return {"prompt": s.prompt_tokens, "computed": s.computed_prompt_tokens, "cached": s.cached_tokens,
-            "hit": s.cached_tokens / max(s.prompt_tokens, 1), "ttft_ms": 1e3 * statistics.mean(ttft), "outs": outs}
+    return summary(core, ttft, outs)
 
 
 def chat_workload(rng, vocab, convs=6, turns=5, system=200, user=(80, 150), reply=24):
@@ -56,20 +65,10 @@ def run_chat(core, sys_prompt, users, reply) -> dict:
         for c, msgs in enumerate(users):
             histories[c] += msgs[t]
             reqs.append(core.make_request(list(histories[c]), {**GREEDY, "max_new_tokens": reply}))
-        for r in reqs:
-            core.add_request(r)
-        pending = {r.rid for r in reqs}
-        while pending:
-            for r in core.step():
-                if r.finished and r.rid in pending:
-                    pending.discard(r.rid)
-                    ttft.append(r.first_token_at - r.created_at)
+        run_wave(core, reqs, ttft)
         for c, r in enumerate(reqs):
             histories[c] += r.output_ids
-    s = core.scheduler.stats
-    return {"prompt": s.prompt_tokens, "computed": s.computed_prompt_tokens, "cached": s.cached_tokens,
-            "hit": s.cached_tokens / max(s.prompt_tokens, 1), "ttft_ms": 1e3 * statistics.mean(ttft),
-            "outs": [h[len(sys_prompt):] for h in histories]}
+    return summary(core, ttft, [h[len(sys_prompt):] for h in histories])
 
 
 def make_core(model: str, **kw) -> EngineCore:

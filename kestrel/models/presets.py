@@ -83,17 +83,21 @@ def kimi_linear_subset(cfg: K3Config) -> K3Config:
 def init_random(model: nn.Module, seed: int = 0, gain: float = 1.0) -> None:
     """Random weights that keep activations O(1) layer after layer (std gain / sqrt(fan_in)), so every layer and
     every cache path changes the output: a wrong state or page shows up as different tokens in tests."""
-    gen = torch.Generator().manual_seed(seed)
+    # drawn where the weights live: fp64 on the CPU, fp32 on a GPU (k3-mini's 5 B fp64 draws on a CPU take minutes)
+    dev = next(model.parameters()).device
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    draw = torch.float64 if dev.type == "cpu" else torch.float32
 
     def normal_(t: torch.Tensor, std: float):
-        t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float64) * std)
+        t.copy_(torch.randn(t.shape, generator=gen, device=dev, dtype=draw) * std)
 
     for name, p in model.named_parameters():
         leaf = name.rsplit(".", 1)[-1]
         if leaf == "A_log":
             p.zero_()
         elif leaf == "dt_bias":
-            dt = torch.exp(torch.rand(p.shape, generator=gen, dtype=torch.float64) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+            u = torch.rand(p.shape, generator=gen, device=dev, dtype=draw)
+            dt = torch.exp(u * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
             p.copy_(dt + torch.log(-torch.expm1(-dt)))
         elif name.endswith("norm.weight") or leaf == "norm_weight":
             normal_(p, 0.1)
