@@ -47,6 +47,47 @@ def run(args: ServerArgs, n: int, prompt: int, new: int, seed: int = 0) -> dict:
     return {"tps": n * new / elapsed, "steps": steps, "peak": peak, "aborted": aborted}
 
 
+def decode_step_ratio(model_name: str, page_size: int, batch: int = 16, ctx: int = 256, rounds: int = 7) -> float:
+    """Model-level decode steps over the same requests laid out in static pools and in the unified pool,
+    interleaved, median per side: the cost of the indirection and of strided views."""
+    from kestrel.mem.pools import KVPool, Memory, StatePool
+    from kestrel.mem.unified import UnifiedMemory, unified_bytes
+    from kestrel.models.forward_batch import ForwardBatch, ForwardMode
+    from kestrel.models.registry import resolve
+
+    model = resolve(model_name, torch.float32, "cpu", progress=False).model
+    cfg = model.cfg
+    pages = batch * (-(-ctx // page_size)) + 1
+    mems = {"static": Memory(KVPool(cfg, pages, page_size, torch.float32, "cpu"),
+                             StatePool(cfg, batch + 1, torch.float32, "cpu")),
+            # (one page and one slot of slack: the pool rounds its size down to whole pages)
+            "unified": UnifiedMemory(cfg, unified_bytes(cfg, pages * page_size, batch + 2, page_size,
+                                                        torch.float32), page_size, torch.float32, "cpu")}
+    batches = {}
+    for key, mem in mems.items():
+        ids = mem.alloc_pages(pages - 1)
+        slots = [mem.alloc_slot() for _ in range(batch)]
+        phys = mem.page_phys(ids)
+        per = len(phys) // batch
+        table = torch.tensor([phys[i * per : (i + 1) * per] for i in range(batch)], dtype=torch.int32)
+        pos = ctx - 1
+        batches[key] = ForwardBatch(
+            ForwardMode.DECODE, torch.randint(0, cfg.vocab_size, (batch,)), torch.full((batch,), pos), [1] * batch,
+            [pos] * batch, mem=mem, page_table=table,
+            out_cache_loc=table[:, pos // page_size].long() * page_size + pos % page_size,
+            state_slots=torch.tensor([mem.slot_phys(s) for s in slots]), seq_lens_t=torch.full((batch,), ctx))
+    times = {k: [] for k in mems}
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for key, fb in batches.items():
+                model(fb)
+                start = time.perf_counter()
+                for _ in range(5):
+                    model(fb)
+                times[key].append(time.perf_counter() - start)
+    return statistics.median(times["unified"]) / statistics.median(times["static"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="k3-tiny")
@@ -91,18 +132,8 @@ def main() -> None:
                           f"{'/aborted ' + str(row[f]['aborted']) if row[f]['aborted'] else ''}" for f in ratios)
         print(f"{name:14s} unified peak {u['peak']:3d} steps {u['steps']:4d} {u['tps']:6.0f} tok/s | static "
               f"(peak/steps/tok/s) {cells}", flush=True)
-    # decode step time at equal capacity: the same static split the unified pool settles on for a decode batch
-    n, prompt, new = 16, 32, 48
-    caps = ServerArgs(**base, max_total_tokens=n * (prompt + new) * 2, max_state_slots=n + 1)
-    uni = ServerArgs(**{**base, "enable_unified_memory": True}, max_total_tokens=caps.max_total_tokens,
-                     max_state_slots=caps.max_state_slots)
-    times = {"static": [], "unified": []}
-    for _ in range(3):
-        for key, a in (("static", caps), ("unified", uni)):
-            r = run(a, n, prompt, new)
-            times[key].append(1 / r["tps"])
-    ratio = statistics.median(times["unified"]) / statistics.median(times["static"])
-    print(f"\ndecode-heavy step time, unified / static at equal capacity: {ratio:.3f}")
+    ratio = decode_step_ratio(args.model, args.page_size)
+    print(f"\ndecode step time at batch 16, unified / static pools of the same capacity: {ratio:.3f}")
     print("\n| workload | unified: peak running / steps / tok/s | best static split | worst static split | "
           "unified peak / best peak |")
     print("|---|---|---|---|---|")

@@ -24,6 +24,8 @@ from kestrel.spec.verify import accept
 log = logging.getLogger(__name__)
 
 BUNDLED_DRAFTER = Path(__file__).resolve().parent.parent / "assets" / "k3-small-dspark"
+# below this many requests a step there is nothing for the planner to save (DESIGN §4)
+PLANNER_MIN_BATCH = 8
 
 
 class SpecWorker:
@@ -63,8 +65,9 @@ class SpecWorker:
         if min(b.input_ids) < 0:
             x0 = torch.where(x0 < 0, r.future[(-x0 - 1).clamp_min(0)], x0)
         feats = torch.stack([self.features[q.rid] for q in b.reqs])
-        draft = self.drafter.propose(feats, x0, self.gamma)
-        keep = self._plan(draft.confidence, b.max_drafts)
+        planning = self.use_planner and B >= PLANNER_MIN_BATCH
+        draft = self.drafter.propose(feats, x0, self.gamma, want_probs=False, want_confidence=planning)
+        keep = self._plan(draft.confidence, b.max_drafts) if planning else list(b.max_drafts)
         drafts = [draft.tokens[i, : keep[i]].tolist() for i in range(B)]
         lens = [1 + k for k in keep]
         ids = torch.cat([torch.cat([x0[i : i + 1], draft.tokens[i, : keep[i]]]) for i in range(B)])
@@ -120,12 +123,10 @@ class SpecWorker:
     # ---- planning
     def _plan(self, confidence: torch.Tensor, max_drafts: list[int]) -> list[int]:
         B = len(max_drafts)
-        if not self.use_planner or B < 8:
-            return list(max_drafts)
         bucket = 1 << (B - 1).bit_length()
         if bucket not in self.profile:
             self.profile[bucket] = self._measure(bucket)
-        return VerifyPlanner(StepProfile(self.profile)).plan(confidence, max_drafts)
+        return VerifyPlanner(StepProfile(self.profile), PLANNER_MIN_BATCH).plan(confidence, max_drafts)
 
     def _measure(self, batch: int) -> list[tuple[int, float]]:
         """One-off: verify step time at `batch` rows for every block length, on the scratch page and slot."""

@@ -151,7 +151,9 @@ def test_fuzz_endpoints(server):
             _fuzz(fuzzer, route, strategy)
     print("fuzz statuses:", fuzzer.statuses)
     assert fuzzer.sent >= 3 * EXAMPLES, fuzzer.statuses
-    assert fuzzer.statuses.get(200, 0) >= EXAMPLES, fuzzer.statuses
+    # both outcomes well represented (about a third of the bodies are served; the exact split follows hypothesis's
+    # draws, so the bound leaves room)
+    assert fuzzer.statuses.get(200, 0) >= EXAMPLES // 2, fuzzer.statuses
     assert fuzzer.statuses.get(400, 0) >= EXAMPLES, fuzzer.statuses
     assert httpx.get(server.url + "/health").status_code == 200
 

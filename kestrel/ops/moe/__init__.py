@@ -6,6 +6,9 @@ from kestrel.ops.moe.reference import Activation  # noqa: F401
 from kestrel.ops.moe.reference import moe_experts_dense as experts_dense  # noqa: F401
 
 
+DENSE_MAX_PAIRS = 512
+
+
 def route(logits, correction_bias, top_k, renormalize, scaling, num_expert_group=1, topk_group=1):
     """See reference.route."""
     fn = kernel(__name__ + ".triton", "route", logits) or reference.route
@@ -18,7 +21,12 @@ def experts(x, experts_weights, weights, ids, act):
     if fn is not None:
         return fn(x, experts_weights, weights, ids, act)
     e = experts_weights
-    return reference.moe_experts(x, e.dense("w1", x.dtype), e.dense("w2", x.dtype), e.dense("w3", x.dtype), weights, ids, act)
+    w1, w2, w3 = e.dense("w1", x.dtype), e.dense("w2", x.dtype), e.dense("w3", x.dtype)
+    # few tokens: every expert on every token in three batched products beats a loop of small ones on a CPU
+    # (measured with k3-small's 8 experts: 2.5x faster at 8 tokens, even at 64, 3x slower at 256)
+    if x.shape[0] * w1.shape[0] <= DENSE_MAX_PAIRS:
+        return reference.moe_experts_dense(x, w1, w2, w3, weights, ids, act)
+    return reference.moe_experts(x, w1, w2, w3, weights, ids, act)
 
 
 def activate(act, a, b):

@@ -1,0 +1,697 @@
+"""`kestrel distill`: distil the DSpark drafter from its target (the bundled k3-small by default).
+
+Data. Prompts from the target's training distribution (stdlib code snippets, arithmetic questions in the plain and
+chat formats; held-out code files and held-out problems for measurement), continued greedily by the target through
+the batched `kestrel.Engine`. One stateless forward of the target over each whole sequence then gives the features
+(the residual stream at `feature_layers`) and the target's greedy token at every position; where that reference
+disagrees with the engine (a numerical near-tie) the sequence is cut there, so every label is exactly what the
+reference would emit. A row is one draft step: features at position t, last committed token x[t+1], labels
+x[t+2 .. t+1+gamma] (-1 past the end), for every t from the last prompt position on.
+
+Training. Cross-entropy on the gamma positions with the sequential correction teacher-forced (the true previous
+tokens), weighted toward early positions (acceptance needs every earlier token right); binary cross-entropy for the
+confidence head on positions whose earlier tokens the drafter got right. AdamW, cosine schedule, deterministic by
+seed (rows are visited in per-epoch seeded permutations; `--max-minutes` only stops a session early, `--resume`
+continues it).
+
+Measurement. Greedy verification at gamma = 7 on the held-out sequences, mean tokens committed per verify step
+(accepted drafts before the first mismatch, +1 bonus). Because the committed text is always a prefix of the target's
+greedy continuation and the target is causal, the features and verify outcomes of every step are read from the one
+reference forward of that continuation; `measure_acceptance_online` runs the explicit loop (a reference forward per
+verify step) and the two agree exactly (tested).
+
+Everything intermediate lives in --work-dir (generated chunks, resumable); the checkpoint goes to --out with a
+distill_summary.json beside it.
+"""
+
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from kestrel.models.forward_batch import ForwardBatch
+from kestrel.models.registry import ASSETS, BUNDLED, resolve
+from kestrel.spec.drafter import DSparkConfig, DSparkDrafter, default_feature_layers
+from kestrel.train import arith, corpus
+from kestrel.train.tokenizer_train import BOS, render_chat
+from kestrel.train.trainer import add_dataclass_args, resolve_device
+
+DEFAULT_OUT = ASSETS / "k3-small-dspark"
+_SIZES = DSparkConfig()
+
+
+def _help(text: str, default):
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass(frozen=True)
+class DistillArgs:
+    """Every `kestrel distill` flag (argparse reads the fields and help strings)."""
+
+    target: str = _help("target checkpoint directory or preset", str(BUNDLED))
+    out: str = _help("where the drafter checkpoint goes", str(DEFAULT_OUT))
+    work_dir: str = _help("generated data and the resumable training state", "runs/dspark")
+    device: str = _help("cpu, cuda, cuda:N, or auto", "auto")
+    seed: int = _help("seeds prompts, initialisation and data order", 0)
+    code_prompts: int = _help("training prompts cut from stdlib files", 2400)
+    arith_prompts: int = _help("training arithmetic questions", 1500)
+    heldout_code: int = _help("held-out code prompts (from held-out stdlib files)", 100)
+    heldout_arith: int = _help("held-out arithmetic questions", 100)
+    chat_fraction: float = _help("fraction of arithmetic questions in the chat format", 0.3)
+    code_new_tokens: int = _help("greedy continuation length for code prompts", 96)
+    arith_new_tokens: int = _help("generation limit for arithmetic (they stop at their answer)", 256)
+    gen_batch: int = _help("prompts per engine call (one resumable chunk)", 200)
+    feature_layers: str = _help("target layers whose outputs feed the drafter (0-based, comma-separated), or "
+                                "auto: four spread over the depth (k3-small: 1,3,5,7)", "auto")
+    hidden_size: int = _help("drafter width", _SIZES.hidden_size)
+    num_layers: int = _help("drafter transformer layers over the slots", _SIZES.num_layers)
+    num_heads: int = _help("drafter attention heads", _SIZES.num_heads)
+    intermediate_size: int = _help("drafter SwiGLU width", _SIZES.intermediate_size)
+    correction_size: int = _help("sequential-correction MLP width", _SIZES.correction_size)
+    gamma: int = _help("draft positions trained (the drafter's gamma_max)", _SIZES.gamma_max)
+    steps: int = _help("optimizer steps (the schedule's length)", 3000)
+    batch_size: int = _help("rows (draft steps) per optimizer step", 256)
+    lr: float = _help("peak learning rate", 2e-3)
+    min_lr_ratio: float = _help("final learning rate as a fraction of the peak", 0.05)
+    warmup_steps: int = _help("linear warm-up steps", 100)
+    weight_decay: float = _help("AdamW weight decay (matrices)", 0.05)
+    grad_clip: float = _help("gradient norm clip", 1.0)
+    position_decay: float = _help("cross-entropy weight of draft position i is decay^(i-1)", 0.8)
+    confidence_weight: float = _help("weight of the confidence head's BCE", 0.3)
+    calib_fraction: float = _help("fraction of training sequences kept from the CE to train the confidence head", 0.1)
+    eval_every: int = _help("steps between held-out teacher-forced checks in the training log", 250)
+    eval_gamma: int = _help("block size of the held-out acceptance measurement", 7)
+    online_check: int = _help("held-out prompts also measured with the explicit verify loop (a cross-check)", 4)
+    max_minutes: float | None = _help("stop this session after so many minutes (resume with --resume)", None)
+    resume: bool = _help("continue training from WORK_DIR/train_state.pt", False)
+    prepare_only: bool = _help("generate and label the data, then stop", False)
+    eval_only: bool = _help("measure the drafter at --out on the held-out data, then stop", False)
+    progress: bool = _help("show progress bars", True)
+
+    def __post_init__(self):
+        checks = {"steps": self.steps >= 1, "batch_size": self.batch_size >= 1, "lr": self.lr > 0,
+                  "gamma": self.gamma >= 1, "eval_gamma": 1 <= self.eval_gamma <= self.gamma,
+                  "gen_batch": self.gen_batch >= 1, "chat_fraction": 0 <= self.chat_fraction <= 1,
+                  "position_decay": 0 < self.position_decay <= 1, "eval_every": self.eval_every >= 1,
+                  "calib_fraction": 0 <= self.calib_fraction < 1,
+                  "max_minutes": self.max_minutes is None or self.max_minutes > 0}
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"distill flag --{name.replace('_', '-')} = {getattr(self, name)!r} is out of range")
+
+    def layers(self, num_target_layers: int) -> tuple[int, ...]:
+        if self.feature_layers == "auto":
+            return default_feature_layers(num_target_layers)
+        layers = tuple(int(x) for x in self.feature_layers.split(",") if x.strip())
+        bad = [l for l in layers if not 0 <= l < num_target_layers]
+        if not layers or bad:
+            raise ValueError(f"--feature-layers {self.feature_layers!r}: the target has layers 0..{num_target_layers - 1}")
+        return layers
+
+
+def add_distill_args(parser: argparse.ArgumentParser) -> None:
+    add_dataclass_args(parser, DistillArgs)
+
+
+# ---- prompts
+
+@dataclass(frozen=True)
+class Prompt:
+    kind: str  # "code" or "arith"
+    ids: list[int]
+
+
+def code_prompts(tokenizer, split: str, n: int, seed: int, min_tokens: int = 16, max_tokens: int = 96) -> list[Prompt]:
+    """n snippets of `split` stdlib files: <|bos|> + min..max tokens starting at a random line."""
+    files = corpus.stdlib_files(split)
+    if not files:
+        raise ValueError(f"no {split} stdlib files to cut code prompts from")
+    rng = random.Random(f"dspark-code-{split}-{seed}")
+    out = []
+    while len(out) < n:
+        _, text = rng.choice(files)
+        lines = text.splitlines(keepends=True)
+        start = rng.randrange(len(lines))
+        ids = tokenizer.encode("".join(lines[start : start + 60]), add_special_tokens=False)
+        if len(ids) >= min_tokens:
+            out.append(Prompt("code", [BOS] + ids[: rng.randint(min_tokens, max_tokens)]))
+    return out
+
+
+def arith_prompts(tokenizer, split: str, n: int, seed: int, chat_fraction: float) -> list[Prompt]:
+    """n questions of `split` (distinct for held-out), plain (`Question: ...`) or as a chat user turn."""
+    rng = random.Random(f"dspark-arith-{split}-{seed}")
+    problems = arith.heldout_problems(n, seed) if split == "heldout" else [arith.sample(rng, split) for _ in range(n)]
+    out = []
+    for p in problems:
+        if rng.random() < chat_fraction:
+            text = render_chat(p.chat_messages(rng)[:-1], add_generation_prompt=True)
+        else:
+            text = p.prompt
+        out.append(Prompt("arith", [BOS] + tokenizer.encode(text, add_special_tokens=False)))
+    return out
+
+
+def build_prompts(tokenizer, args: DistillArgs, split: str) -> list[Prompt]:
+    """The split's prompts, code and arithmetic interleaved by a seeded shuffle (every chunk holds both)."""
+    if split == "train":
+        prompts = code_prompts(tokenizer, "train", args.code_prompts, args.seed)
+        prompts += arith_prompts(tokenizer, "train", args.arith_prompts, args.seed, args.chat_fraction)
+    else:
+        prompts = code_prompts(tokenizer, "heldout", args.heldout_code, args.seed)
+        prompts += arith_prompts(tokenizer, "heldout", args.heldout_arith, args.seed, args.chat_fraction)
+    random.Random(f"dspark-order-{split}-{args.seed}").shuffle(prompts)
+    return prompts
+
+
+# ---- labelled data
+
+@dataclass
+class DistillData:
+    """Draft-step rows of target-generated sequences; the rows of sequence j are offsets[j]:offsets[j + 1], one per
+    position t = prompt_len - 1, ..., len - 2 in order."""
+
+    features: torch.Tensor  # [P, F] fp32: the target's features at t
+    last_token: torch.Tensor  # [P] int64: x[t + 1], committed, not yet seen by the target
+    targets: torch.Tensor  # [P, gamma] int64: x[t + 2 ..], -1 past the end of the sequence
+    offsets: list[int]
+    sequences: list[list[int]]
+    prompt_lens: list[int]
+    kinds: list[str]
+    ended: list[bool]  # the target stopped the sequence itself (a stop token), so it is complete
+    cut: int = 0  # sequences cut where the reference disagreed with the engine
+
+    @property
+    def num_rows(self) -> int:
+        return self.features.shape[0]
+
+    @classmethod
+    def concat(cls, parts: list["DistillData"]) -> "DistillData":
+        offsets, base = [0], 0
+        for p in parts:
+            offsets += [base + o for o in p.offsets[1:]]
+            base += p.num_rows
+        return cls(torch.cat([p.features for p in parts]), torch.cat([p.last_token for p in parts]),
+                   torch.cat([p.targets for p in parts]), offsets, [s for p in parts for s in p.sequences],
+                   [n for p in parts for n in p.prompt_lens], [k for p in parts for k in p.kinds],
+                   [e for p in parts for e in p.ended], sum(p.cut for p in parts))
+
+    def subset(self, kind: str) -> "DistillData":
+        """The sequences of one kind (rows included)."""
+        keep = [j for j, k in enumerate(self.kinds) if k == kind]
+        rows = torch.cat([torch.arange(self.offsets[j], self.offsets[j + 1]) for j in keep]) if keep else \
+            torch.zeros(0, dtype=torch.long)
+        offsets = [0]
+        for j in keep:
+            offsets.append(offsets[-1] + self.offsets[j + 1] - self.offsets[j])
+        pick = lambda xs: [xs[j] for j in keep]  # noqa: E731
+        return DistillData(self.features[rows], self.last_token[rows], self.targets[rows], offsets,
+                           pick(self.sequences), pick(self.prompt_lens), pick(self.kinds), pick(self.ended))
+
+
+def target_forward(model, sequences: list[list[int]], layers: tuple[int, ...], logit_rows: list[list[int]] | None = None):
+    """The stateless reference forward over packed sequences: (features [T, F] in layer order, argmax tokens at
+    the requested rows of each sequence (all when None), as one flat tensor)."""
+    device = model.lm_head.weight.device
+    fb = ForwardBatch.full_sequences(sequences, device=device)
+    fb.capture_layers = layers
+    if logit_rows is not None:
+        starts = fb.cu_seqlens
+        fb.logits_indices = torch.tensor([starts[j] + r for j, rows in enumerate(logit_rows) for r in rows],
+                                         dtype=torch.long, device=device)
+    out = model(fb)
+    features = torch.cat([out.captured[l] for l in layers], -1)
+    return features, out.logits.argmax(-1)
+
+
+@torch.no_grad()
+def label_sequences(model, sequences: list[list[int]], prompt_lens: list[int], kinds: list[str],
+                    ended: list[bool], layers: tuple[int, ...], gamma: int,
+                    max_tokens_per_forward: int = 4096) -> DistillData:
+    """Rows for target-generated sequences (prompt + greedy continuation). A sequence whose continuation differs
+    from the reference's greedy choice at some position is cut there (and no longer counts as ended)."""
+    parts, cut = [], 0
+    seqs, lens, ends = [list(s) for s in sequences], list(prompt_lens), list(ended)
+    batches, cur, size = [], [], 0
+    for j, s in enumerate(seqs):
+        if cur and size + len(s) > max_tokens_per_forward:
+            batches.append(cur)
+            cur, size = [], 0
+        cur.append(j)
+        size += len(s)
+    if cur:
+        batches.append(cur)
+    for batch in batches:
+        rows = [list(range(lens[j] - 1, len(seqs[j]) - 1)) for j in batch]
+        features, greedy = target_forward(model, [seqs[j] for j in batch], layers, rows)
+        starts = _starts([seqs[j] for j in batch])
+        g = 0
+        for k, j in enumerate(batch):
+            s, n = seqs[j], len(rows[k])
+            ref = greedy[g : g + n].tolist()
+            g += n
+            bad = next((i for i, (a, b) in enumerate(zip(ref, s[lens[j]:])) if a != b), None)
+            if bad is not None:
+                cut += 1
+                seqs[j], ends[j], n = s[: lens[j] + bad], False, bad
+            parts.append(_rows(features[starts[k] + lens[j] - 1 : starts[k] + lens[j] - 1 + n], seqs[j], lens[j],
+                               gamma))
+    feats = torch.cat([p[0] for p in parts]) if parts else torch.zeros(0, len(layers) * model.cfg.hidden_size)
+    offsets = [0]
+    for p in parts:
+        offsets.append(offsets[-1] + p[0].shape[0])
+    return DistillData(feats.float().cpu(), torch.cat([p[1] for p in parts]) if parts else
+                       torch.zeros(0, dtype=torch.long), torch.cat([p[2] for p in parts]) if parts else
+                       torch.zeros(0, gamma, dtype=torch.long), offsets, seqs, lens, list(kinds), ends, cut)
+
+
+def _starts(sequences: list[list[int]]) -> list[int]:
+    """Where each sequence starts in a packed forward (cumulative lengths)."""
+    out = [0]
+    for s in sequences:
+        out.append(out[-1] + len(s))
+    return out
+
+
+def _rows(features: torch.Tensor, seq: list[int], prompt_len: int, gamma: int):
+    """(features, last tokens, targets) of the rows t = prompt_len - 1 .. prompt_len - 2 + len(features)."""
+    n = features.shape[0]
+    s = torch.tensor(seq + [-1] * (gamma + 1), dtype=torch.long)
+    t = torch.arange(prompt_len - 1, prompt_len - 1 + n)
+    targets = s[(t + 2)[:, None] + torch.arange(gamma)]
+    return features, s[t + 1], targets
+
+
+def _chunk_path(work: Path, split: str, k: int) -> Path:
+    return work / split / f"chunk_{k:04d}.pt"
+
+
+def prepare_split(args: DistillArgs, split: str, engine, model, tokenizer, progress: bool) -> DistillData:
+    """Generate (engine) and label (reference forward) the split chunk by chunk; finished chunks are reused."""
+    work = Path(args.work_dir)
+    (work / split).mkdir(parents=True, exist_ok=True)
+    meta = {k: getattr(args, k) for k in ("target", "seed", "code_prompts", "arith_prompts", "heldout_code",
+                                          "heldout_arith", "chat_fraction", "code_new_tokens", "arith_new_tokens",
+                                          "gen_batch", "feature_layers", "gamma")}
+    meta_path = work / split / "meta.json"
+    if meta_path.exists() and json.loads(meta_path.read_text()) != meta:
+        raise ValueError(f"{work / split} was prepared with other settings ({meta_path}): use a fresh --work-dir")
+    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+    prompts = build_prompts(tokenizer, args, split)
+    chunks = [prompts[i : i + args.gen_batch] for i in range(0, len(prompts), args.gen_batch)]
+    stop_ids = set(model.cfg.eos_token_ids)
+    parts = []
+    for k, chunk in enumerate(tqdm(chunks, desc=f"{split} data", unit="chunk", disable=not progress)):
+        path = _chunk_path(work, split, k)
+        if not path.exists():
+            limits = [args.code_new_tokens if p.kind == "code" else args.arith_new_tokens for p in chunk]
+            outs = engine.generate(input_ids=[p.ids for p in chunk],
+                                   sampling_params=[{"max_new_tokens": n, "temperature": 0} for n in limits])
+            outs = outs if isinstance(outs, list) else [outs]
+            seqs = [p.ids + o["output_ids"] for p, o in zip(chunk, outs)]
+            ended = [bool(o["output_ids"]) and o["output_ids"][-1] in stop_ids for o in outs]
+            data = label_sequences(model, seqs, [len(p.ids) for p in chunk], [p.kind for p in chunk], ended,
+                                   args.layers(model.cfg.num_hidden_layers), args.gamma)
+            tmp = path.with_suffix(".tmp")
+            torch.save({f.name: getattr(data, f.name) for f in dataclasses.fields(data)}, tmp)
+            tmp.rename(path)
+        parts.append(DistillData(**torch.load(path, weights_only=False)))
+    return DistillData.concat(parts)
+
+
+# ---- training
+
+def lr_at(step: int, args: DistillArgs) -> float:
+    if step < args.warmup_steps:
+        return args.lr * (step + 1) / args.warmup_steps
+    progress = min(1.0, (step - args.warmup_steps) / max(1, args.steps - args.warmup_steps))
+    return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def batch_rows(step: int, rows: torch.Tensor, batch_size: int, seed: int) -> torch.Tensor:
+    """The rows of step `step`: consecutive slices of per-epoch seeded permutations of `rows` (so they depend only
+    on the seed and the step, and a resumed run sees the same batches)."""
+    per_epoch = max(1, len(rows) // batch_size)
+    epoch, i = divmod(step, per_epoch)
+    return rows[_permutation(len(rows), seed, epoch)[i * batch_size : (i + 1) * batch_size]]
+
+
+@functools.lru_cache(maxsize=2)
+def _permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+
+
+def split_rows(data: DistillData, calib_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fit rows, calibration rows): a seeded `calib_fraction` of the sequences is kept from the cross-entropy and
+    trains only the confidence head, which so learns how often drafts are right on text the drafter has not fit."""
+    n = len(data.sequences)
+    calib = torch.zeros(n, dtype=torch.bool)
+    calib[torch.randperm(n, generator=torch.Generator().manual_seed(seed))[: round(calib_fraction * n)]] = True
+    counts = torch.tensor([data.offsets[j + 1] - data.offsets[j] for j in range(n)])
+    per_row = torch.repeat_interleave(calib, counts)
+    return per_row.logical_not().nonzero()[:, 0], per_row.nonzero()[:, 0]
+
+
+def draft_loss(logits: torch.Tensor, targets: torch.Tensor, position_decay: float) -> tuple[torch.Tensor, dict]:
+    """Cross-entropy over the draft positions, position i weighted by decay^(i-1) (acceptance needs every earlier
+    token right); stats: first-token accuracy and the teacher-forced drafts accepted per row."""
+    valid = targets >= 0
+    w = position_decay ** torch.arange(targets.shape[1], dtype=torch.float32, device=targets.device)
+    ce = F.cross_entropy(logits.float().flatten(0, 1), targets.clamp_min(0).flatten(), reduction="none")
+    ce = ce.view(targets.shape)
+    loss = (ce * w * valid).sum() / (w * valid).sum().clamp_min(1)
+    right = (logits.argmax(-1) == targets) & valid
+    stats = {"ce": loss.item(), "acc1": (right[:, 0].sum() / valid[:, 0].sum().clamp_min(1)).item(),
+             "accepted": right.long().cumprod(1).sum(1).float().mean().item()}
+    return loss, stats
+
+
+def confidence_loss(conf: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """BCE of the confidence head: label = the draft at i is right, on positions whose earlier drafts were right
+    (the head predicts P(accept i | accepted < i))."""
+    right = (logits.argmax(-1) == targets) & (targets >= 0)
+    reached = torch.cat([torch.ones_like(right[:, :1]), right[:, :-1].cumprod(1).bool()], 1) & (targets >= 0)
+    bce = F.binary_cross_entropy_with_logits(conf, right.float(), reduction="none")
+    return (bce * reached).sum() / reached.sum().clamp_min(1)
+
+
+def make_optimizer(drafter: DSparkDrafter, args: DistillArgs) -> torch.optim.AdamW:
+    params = [(n, p) for n, p in drafter.named_parameters() if p.requires_grad]
+    matrices = {n for n, p in params if p.dim() >= 2 and n != "slots"}
+    return torch.optim.AdamW([{"params": [p for n, p in params if n in matrices], "weight_decay": args.weight_decay},
+                              {"params": [p for n, p in params if n not in matrices], "weight_decay": 0.0}],
+                             lr=args.lr, betas=(0.9, 0.95))
+
+
+def train_step(drafter: DSparkDrafter, data: DistillData, fit: torch.Tensor, calib: torch.Tensor, step: int,
+               args: DistillArgs, device: torch.device) -> tuple[torch.Tensor, dict]:
+    """The loss of one step: CE on a batch of fit rows, BCE on a quarter batch of calibration rows (on the fit
+    batch itself when there are none)."""
+    def batch(rows):
+        return data.features[rows].to(device), data.last_token[rows].to(device), data.targets[rows].to(device)
+
+    features, last, targets = batch(batch_rows(step, fit, args.batch_size, args.seed))
+    states = drafter.teacher_forced_states(features, last, targets)
+    logits = drafter.logits(states)
+    loss, stats = draft_loss(logits, targets, args.position_decay)
+    if len(calib):
+        features, last, targets = batch(batch_rows(step, calib, max(1, args.batch_size // 4), args.seed + 1))
+        with torch.no_grad():
+            states = drafter.teacher_forced_states(features, last, targets)
+            logits = drafter.logits(states)
+    bce = confidence_loss(drafter.confidence_logit(states, logits), logits, targets)
+    stats["bce"] = bce.item()
+    return loss + args.confidence_weight * bce, stats
+
+
+@torch.no_grad()
+def teacher_forced_stats(drafter: DSparkDrafter, data: DistillData, rows: torch.Tensor, gamma: int,
+                         batch: int = 512) -> dict:
+    """draft_loss's stats over `rows` (a monitor of generalisation while training)."""
+    totals, n = {}, 0
+    device = drafter.fc.weight.device
+    for i in range(0, len(rows), batch):
+        r = rows[i : i + batch]
+        targets = data.targets[r, :gamma].to(device)
+        logits, _ = drafter(data.features[r].to(device), data.last_token[r].to(device), targets)
+        _, stats = draft_loss(logits, targets, 1.0)
+        for k, v in stats.items():
+            totals[k] = totals.get(k, 0.0) + v * len(r)
+        n += len(r)
+    return {k: round(v / max(1, n), 4) for k, v in totals.items()}
+
+
+def train_drafter(drafter: DSparkDrafter, data: DistillData, args: DistillArgs, device: torch.device,
+                  state_path: Path | None = None, heldout: DistillData | None = None) -> dict:
+    """Train in place until args.steps (or the session's --max-minutes); returns a summary with the loss curve
+    (and, every --eval-every steps, teacher-forced stats on up to 2048 held-out rows of each kind)."""
+    drafter.to(device).train()
+    opt = make_optimizer(drafter, args)
+    fit, calib = split_rows(data, args.calib_fraction, args.seed)
+    monitor = {}
+    if heldout is not None:
+        for kind in sorted(set(heldout.kinds)):
+            rows = torch.cat([torch.arange(heldout.offsets[j], heldout.offsets[j + 1])
+                              for j, k in enumerate(heldout.kinds) if k == kind])
+            monitor[kind] = rows[torch.randperm(len(rows), generator=torch.Generator().manual_seed(0))[:2048]]
+    step, elapsed, history = 0, 0.0, []
+    if args.resume and state_path is not None and state_path.exists():
+        blob = torch.load(state_path, map_location="cpu", weights_only=False)
+        drafter.load_state_dict(blob["model"])
+        opt.load_state_dict(blob["optimizer"])
+        step, elapsed, history = blob["step"], blob["elapsed"], blob["history"]
+    budget = None if args.max_minutes is None else args.max_minutes * 60
+    t0, smooth = time.perf_counter(), {}
+    bar = tqdm(total=args.steps, initial=step, desc="distilling", unit="step", disable=not args.progress)
+    while step < args.steps and (budget is None or time.perf_counter() - t0 < budget):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, args)
+        loss, stats = train_step(drafter, data, fit, calib, step, args, device)
+        if not math.isfinite(loss.item()):
+            raise FloatingPointError(f"distillation loss is {loss.item()} at step {step}: lower --lr")
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for p in drafter.parameters() if p.requires_grad], args.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        for k, v in stats.items():
+            smooth[k] = v if k not in smooth else 0.98 * smooth[k] + 0.02 * v
+        if step % 50 == 0 or step == args.steps:
+            record = {"step": step, **{k: round(v, 4) for k, v in smooth.items()}}
+            if monitor and (step % args.eval_every == 0 or step == args.steps):
+                drafter.eval()
+                record["heldout"] = {k: teacher_forced_stats(drafter, heldout, r, args.gamma) for k, r in monitor.items()}
+                drafter.train()
+            history.append(record)
+        bar.set_postfix({k: f"{v:.3f}" for k, v in smooth.items()}, refresh=False)
+        bar.update(1)
+    bar.close()
+    elapsed += time.perf_counter() - t0
+    if state_path is not None:
+        torch.save({"model": drafter.state_dict(), "optimizer": opt.state_dict(), "step": step, "elapsed": elapsed,
+                    "history": history}, state_path)
+    drafter.eval()
+    return {"steps": step, "schedule_steps": args.steps, "train_seconds": round(elapsed, 1), "history": history,
+            "finished": step >= args.steps, "fit_rows": len(fit), "calibration_rows": len(calib)}
+
+
+# ---- measurement
+
+@torch.no_grad()
+def measure_acceptance(drafter: DSparkDrafter, data: DistillData, gamma: int, batch: int = 256) -> dict:
+    """Greedy verification at block size gamma over the labelled held-out sequences (see the module docstring):
+    mean tokens committed per verify step, per-position acceptance, and the confidence head's calibration."""
+    device = drafter.fc.weight.device
+    # per sequence: the row of the current draft step (t = prompt_len - 1 + row), and tokens still to produce
+    cursor = {j: 0 for j in range(len(data.sequences)) if data.offsets[j + 1] > data.offsets[j]}
+    steps = committed = 0
+    hist = [0] * (gamma + 1)
+    conf_rows, hit_rows = [], []  # per reached position: predicted confidence, accepted
+    while cursor:
+        active = []
+        for j, r in list(cursor.items()):
+            remaining = len(data.sequences[j]) - data.prompt_lens[j] - 1 - r  # tokens after x[t + 1]
+            # a complete sequence runs to its end; a truncated one only while the whole window is known
+            if remaining <= 0 or (not data.ended[j] and remaining < gamma + 1):
+                del cursor[j]
+            else:
+                active.append(j)
+        for i in range(0, len(active), batch):
+            js = active[i : i + batch]
+            rows = torch.tensor([data.offsets[j] + cursor[j] for j in js])
+            draft = drafter.propose(data.features[rows].to(device), data.last_token[rows].to(device), gamma)
+            truth = data.targets[rows, :gamma].to(device)
+            right = (draft.tokens == truth) & (truth >= 0)
+            accepted = right.long().cumprod(1).sum(1)  # [b]
+            reached = torch.cat([torch.ones_like(right[:, :1]), right[:, :-1].cumprod(1).bool()], 1) & (truth >= 0)
+            conf_rows.append(torch.stack([draft.confidence[reached].float().cpu(),
+                                          right[reached].float().cpu(),
+                                          reached.nonzero()[:, 1].float().cpu()], 1))
+            for j, a in zip(js, accepted.tolist()):
+                remaining = len(data.sequences[j]) - data.prompt_lens[j] - 1 - cursor[j]
+                n = min(a + 1, remaining)
+                steps, committed = steps + 1, committed + n
+                hist[a] += 1
+                cursor[j] += n
+    conf = torch.cat(conf_rows) if conf_rows else torch.zeros(0, 3)
+    return {"gamma": gamma, "sequences": len(data.sequences), "verify_steps": steps, "tokens": committed,
+            "mean_accepted_length": committed / max(1, steps), "accepted_histogram": hist,
+            "calibration": calibration(conf, gamma)}
+
+
+def calibration(conf: torch.Tensor, gamma: int, bins: int = 10) -> dict:
+    """conf rows (predicted, accepted, position): per position and per confidence bin, mean predicted vs
+    observed acceptance; expected calibration error and Brier score."""
+    pred, hit, pos = conf[:, 0], conf[:, 1], conf[:, 2].long()
+    per_position = []
+    for i in range(gamma):
+        m = pos == i
+        if m.any():
+            per_position.append({"position": i + 1, "n": int(m.sum()), "predicted": round(pred[m].mean().item(), 4),
+                                 "observed": round(hit[m].mean().item(), 4)})
+    per_bin, ece = [], 0.0
+    edges = torch.linspace(0, 1, bins + 1)
+    for b in range(bins):
+        m = (pred >= edges[b]) & ((pred < edges[b + 1]) if b < bins - 1 else (pred <= 1))
+        if m.any():
+            p, o = pred[m].mean().item(), hit[m].mean().item()
+            ece += m.sum().item() / max(1, len(pred)) * abs(p - o)
+            per_bin.append({"bin": [round(edges[b].item(), 2), round(edges[b + 1].item(), 2)], "n": int(m.sum()),
+                            "predicted": round(p, 4), "observed": round(o, 4)})
+    brier = ((pred - hit) ** 2).mean().item() if len(pred) else float("nan")
+    return {"per_position": per_position, "per_bin": per_bin, "ece": round(ece, 4), "brier": round(brier, 4)}
+
+
+@torch.no_grad()
+def measure_acceptance_online(model, drafter: DSparkDrafter, prompts: list[list[int]], gamma: int,
+                              max_new_tokens: int | list[int], stop_ids=()) -> dict:
+    """The explicit loop: prefill, then per step draft gamma tokens, verify them with one reference forward of the
+    target over the committed text + drafts, commit the longest matching prefix + the target's next token. The
+    same stopping rules as measure_acceptance: a stop token ends a sequence; at the length limit a step runs only
+    while gamma + 1 more tokens are allowed. Returns the step count, tokens, and the generated sequences."""
+    layers = drafter.cfg.feature_layers
+    limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    seqs = [list(p) for p in prompts]
+    features, greedy = target_forward(model, seqs, layers, [[len(s) - 1] for s in seqs])
+    starts = _starts(seqs)
+    feat = {j: features[starts[j + 1] - 1] for j in range(len(seqs))}
+    for j, tok in enumerate(greedy.tolist()):
+        seqs[j].append(tok)
+    stop = set(stop_ids)
+    steps = committed = 0
+    device = drafter.fc.weight.device
+    while True:
+        active = [j for j in range(len(seqs)) if seqs[j][-1] not in stop
+                  and limits[j] - (len(seqs[j]) - len(prompts[j])) >= gamma + 1]
+        if not active:
+            break
+        draft = drafter.propose(torch.stack([feat[j] for j in active]).to(device),
+                                torch.tensor([seqs[j][-1] for j in active], device=device), gamma).tokens.tolist()
+        # verify: the target over committed + drafts; logits at the last committed token and at each draft
+        verify = [seqs[j] + d for j, d in zip(active, draft)]
+        rows = [list(range(len(seqs[j]) - 1, len(seqs[j]) + gamma)) for j in active]
+        features, greedy = target_forward(model, verify, layers, rows)
+        starts = _starts(verify)
+        greedy = greedy.view(len(active), gamma + 1).tolist()
+        for k, (j, d) in enumerate(zip(active, draft)):
+            a = next((i for i in range(gamma) if d[i] != greedy[k][i]), gamma)
+            new = d[:a] + [greedy[k][a]]
+            cut = next((i for i, t in enumerate(new) if t in stop), None)
+            new = new if cut is None else new[: cut + 1]
+            feat[j] = features[starts[k] + len(seqs[j]) - 1 + len(new) - 1]
+            seqs[j] += new
+            steps, committed = steps + 1, committed + len(new)
+    return {"verify_steps": steps, "tokens": committed, "mean_accepted_length": committed / max(1, steps),
+            "sequences": seqs}
+
+
+# ---- the command
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def run_distill(ns: argparse.Namespace) -> dict:
+    """`kestrel distill`; returns the summary written beside the checkpoint."""
+    from kestrel.engine.engine import Engine
+    from kestrel.tokenizer import Tokenizer
+
+    args = DistillArgs(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(DistillArgs) if hasattr(ns, f.name)})
+    torch.manual_seed(args.seed)
+    device = resolve_device(args.device)
+    work, out = Path(args.work_dir), Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    target = resolve(args.target, torch.float32, device, progress=False)
+    model = target.model.eval()
+    if target.tokenizer_dir is None:
+        raise ValueError(f"target {args.target!r} has no tokenizer: distillation prompts are text")
+    tokenizer = Tokenizer(target.tokenizer_dir)
+    t0 = time.perf_counter()
+    with Engine(model=args.target, device=args.device, dtype="float32" if device.type == "cpu" else "auto") as engine:
+        train = None if args.eval_only else prepare_split(args, "train", engine, model, tokenizer, args.progress)
+        heldout = prepare_split(args, "heldout", engine, model, tokenizer, args.progress)
+    prep_seconds = time.perf_counter() - t0
+    if args.prepare_only:
+        print(f"prepared {train.num_rows:,} training rows and {heldout.num_rows:,} held-out rows in "
+              f"{prep_seconds:.0f} s -> {work}")
+        return {}
+    summary: dict = {"target": args.target, "prep_seconds_this_session": round(prep_seconds, 1)}
+    if not args.eval_only:
+        drafter = DSparkDrafter.from_target(model, args.layers(model.cfg.num_hidden_layers), args.seed, hidden_size=args.hidden_size,
+                                            num_layers=args.num_layers, num_heads=args.num_heads,
+                                            intermediate_size=args.intermediate_size,
+                                            correction_size=args.correction_size, gamma_max=args.gamma)
+        summary["training"] = train_drafter(drafter, train, args, device, work / "train_state.pt", heldout)
+        summary["data"] = {"train_sequences": len(train.sequences), "train_rows": train.num_rows,
+                           "train_cut": train.cut, "heldout_sequences": len(heldout.sequences),
+                           "heldout_rows": heldout.num_rows, "heldout_cut": heldout.cut}
+        drafter.save(out)
+    # measure what ships: the saved (bf16) weights, loaded back
+    drafter = DSparkDrafter.load(out, device, torch.float32)
+    summary["drafter"] = {"config": drafter.cfg.to_dict(), "trainable_parameters": drafter.num_trainable_parameters(),
+                          "stored_parameters": sum(t.numel() for n, t in drafter.state_dict().items()
+                                                   if n != "lm_head.weight" or not drafter.cfg.tie_word_embeddings),
+                          "checkpoint_bytes": (out / "model.safetensors").stat().st_size}
+    summary["heldout"] = {kind: measure_acceptance(drafter, heldout.subset(kind), args.eval_gamma)
+                          for kind in ("code", "arith")}
+    if args.online_check:
+        summary["online_check"] = online_check(model, drafter, heldout, args)
+    summary["device"] = _device_name(device)
+    summary["args"] = dataclasses.asdict(args)
+    (out / "distill_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(format_summary(summary))
+    return summary
+
+
+def online_check(model, drafter, heldout: DistillData, args: DistillArgs) -> dict:
+    """The explicit verify loop on the first few held-out prompts of each kind, against the fast measurement."""
+    result = {}
+    stop = tuple(model.cfg.eos_token_ids)
+    for kind in ("code", "arith"):
+        sub = heldout.subset(kind)
+        n = min(args.online_check, len(sub.sequences))
+        if n == 0:
+            continue
+        first = DistillData(sub.features[: sub.offsets[n]], sub.last_token[: sub.offsets[n]],
+                            sub.targets[: sub.offsets[n]], sub.offsets[: n + 1], sub.sequences[:n],
+                            sub.prompt_lens[:n], sub.kinds[:n], sub.ended[:n])
+        fast = measure_acceptance(drafter, first, args.eval_gamma)
+        limits = [len(s) - p if not e else 10**9 for s, p, e in zip(first.sequences, first.prompt_lens, first.ended)]
+        online = measure_acceptance_online(model, drafter, [s[:p] for s, p in zip(first.sequences, first.prompt_lens)],
+                                           args.eval_gamma, limits, stop)
+        result[kind] = {"prompts": n, "online_steps": online["verify_steps"], "online_tokens": online["tokens"],
+                        "fast_steps": fast["verify_steps"], "fast_tokens": fast["tokens"]}
+    return result
+
+
+def format_summary(summary: dict) -> str:
+    lines = []
+    if "drafter" in summary:
+        d = summary["drafter"]
+        lines.append(f"drafter: {d['trainable_parameters']:,} trainable parameters, {d['stored_parameters']:,} stored, "
+                     f"{d['checkpoint_bytes'] / 1e6:.2f} MB")
+    if "training" in summary:
+        t = summary["training"]
+        last = t["history"][-1] if t["history"] else {}
+        lines.append(f"training: {t['steps']}/{t['schedule_steps']} steps in {t['train_seconds']:.0f} s; " +
+                     ", ".join(f"{k} {v}" for k, v in last.items() if k != "step"))
+    for kind, m in summary.get("heldout", {}).items():
+        lines.append(f"held-out {kind}: {m['mean_accepted_length']:.3f} tokens per verify step at gamma = "
+                     f"{m['gamma']} ({m['sequences']} prompts, {m['verify_steps']} steps); "
+                     f"calibration ECE {m['calibration']['ece']:.3f}")
+        lines.append("  position  predicted  observed")
+        for row in m["calibration"]["per_position"]:
+            lines.append(f"  {row['position']:>8}  {row['predicted']:>9.3f}  {row['observed']:>8.3f}  (n={row['n']})")
+    for kind, c in summary.get("online_check", {}).items():
+        lines.append(f"online check {kind}: {c['online_tokens']} tokens in {c['online_steps']} steps "
+                     f"(fast path: {c['fast_tokens']} in {c['fast_steps']})")
+    return "\n".join(lines)

@@ -1,0 +1,333 @@
+"""The DSpark drafter: a block of gamma draft tokens per step from the target's hidden states (DESIGN §4).
+
+Conditioning. After a verify step (or the prefill) the target has processed every committed token but the last one:
+the bonus token it just emitted. The drafter reads the target's features at the last position it processed, t
+(the residual-stream outputs of `feature_layers` there, concatenated: [B, len(feature_layers) * target_hidden]), and
+that last committed token x[t+1]; it proposes x[t+2], ..., x[t+1+gamma]. The verify forward then runs over
+[x[t+1], d_1, ..., d_gamma] and its logits at x[t+1] check d_1, and so on.
+
+Drafting. One parallel block forward: a context vector (the projected features plus the token's embedding) and gamma
+learned query slots go through a small causal transformer, so slot i sees the context and slots < i only (the first
+k proposals do not depend on gamma). Then a cheap sequential correction: for i = 1..gamma, the slot-i output is
+corrected by a small MLP that reads the embedding of draft token i-1 (token 0 = the last committed token) and the
+previous corrected state, before the vocabulary projection. Embedding and lm_head are frozen copies of the
+target's. A confidence head predicts, per position, the probability that greedy verification accepts token i given
+that it accepted tokens < i (the verify planner's input).
+"""
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+MODEL_TYPE = "dspark"
+
+
+@dataclass(frozen=True)
+class DSparkConfig:
+    target_hidden_size: int = 256
+    # target layers (0-based ids, as in ForwardBatch.capture_layers) whose outputs are the features, in this order
+    feature_layers: tuple[int, ...] = (1, 3, 5, 7)
+    vocab_size: int = 4096
+    hidden_size: int = 192  # draft width
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 384  # SwiGLU width of the slot transformer
+    correction_size: int = 384  # hidden width of the sequential-correction MLP
+    confidence_size: int = 64
+    gamma_max: int = 7  # learned query slots: the largest block one forward can draft (the engine's default)
+    rms_norm_eps: float = 1e-5
+    # lm_head is the embedding table (the target ties them): stored once
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "feature_layers", tuple(int(l) for l in self.feature_layers))
+        checks = {"feature_layers": len(self.feature_layers) >= 1, "gamma_max": self.gamma_max >= 1,
+                  "num_heads": self.num_heads >= 1 and self.hidden_size % self.num_heads == 0,
+                  "num_layers": self.num_layers >= 0}
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"DSparkConfig.{name} = {getattr(self, name)!r} is invalid")
+
+    @property
+    def feature_size(self) -> int:
+        return len(self.feature_layers) * self.target_hidden_size
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["feature_layers"] = list(self.feature_layers)
+        return {"model_type": MODEL_TYPE, "architectures": ["DSparkDrafter"], **d}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DSparkConfig":
+        if d.get("model_type", MODEL_TYPE) != MODEL_TYPE:
+            raise ValueError(f"model_type {d.get('model_type')!r} is not a DSpark drafter ({MODEL_TYPE!r})")
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass
+class DraftOutput:
+    tokens: torch.Tensor  # [B, gamma] int64
+    # [B, gamma, V] fp32: the distribution each token was taken from (temperature applied; greedy: the plain softmax)
+    probs: torch.Tensor | None
+    confidence: torch.Tensor | None  # [B, gamma] fp32 in (0, 1): P(target accepts token i | it accepted tokens < i)
+
+
+def rms(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm in fp32, cast back to x's dtype."""
+    xf = x.float()
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return y if weight is None else y * weight
+
+
+class SlotBlock(nn.Module):
+    """Pre-norm transformer block (causal self-attention + SwiGLU) over the [context, slots] sequence."""
+
+    def __init__(self, cfg: DSparkConfig, dtype=None):
+        super().__init__()
+        D, I = cfg.hidden_size, cfg.intermediate_size
+        self.heads, self.eps = cfg.num_heads, cfg.rms_norm_eps
+        self.attn_norm = nn.Parameter(torch.ones(D, dtype=dtype))
+        self.qkv = nn.Linear(D, 3 * D, bias=False, dtype=dtype)
+        self.o_proj = nn.Linear(D, D, bias=False, dtype=dtype)
+        self.mlp_norm = nn.Parameter(torch.ones(D, dtype=dtype))
+        self.gate_up = nn.Linear(D, 2 * I, bias=False, dtype=dtype)
+        self.down = nn.Linear(I, D, bias=False, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        N, S, D = x.shape
+        q, k, v = self.qkv(rms(x, self.eps, self.attn_norm)).view(N, S, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [N, H, S, hd]
+        x = x + self.o_proj(o.transpose(1, 2).reshape(N, S, D))
+        gate, up = self.gate_up(rms(x, self.eps, self.mlp_norm)).chunk(2, -1)
+        return x + self.down(F.silu(gate) * up)
+
+
+def default_feature_layers(num_target_layers: int, count: int = 4) -> tuple[int, ...]:
+    """`count` layers spread evenly over the target's depth, the last one included (8 layers: 1, 3, 5, 7)."""
+    count = min(count, num_target_layers)
+    return tuple(round((i + 1) * num_target_layers / count) - 1 for i in range(count))
+
+
+class DSparkDrafter(nn.Module):
+    def __init__(self, cfg: DSparkConfig, dtype=None):
+        super().__init__()
+        self.cfg = cfg
+        D, T, V, L = cfg.hidden_size, cfg.target_hidden_size, cfg.vocab_size, len(cfg.feature_layers)
+        # frozen copies of the target's
+        self.embed_tokens = nn.Embedding(V, T, dtype=dtype)
+        self.lm_head = nn.Linear(T, V, bias=False, dtype=dtype)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.feature_norm = nn.Parameter(torch.ones(L, T, dtype=dtype))  # one RMSNorm per feature layer
+        self.token_norm = nn.Parameter(torch.ones(T, dtype=dtype))
+        self.fc = nn.Linear((L + 1) * T, D, bias=False, dtype=dtype)
+        self.slots = nn.Parameter(torch.zeros(cfg.gamma_max, D, dtype=dtype))
+        self.layers = nn.ModuleList(SlotBlock(cfg, dtype) for _ in range(cfg.num_layers))
+        self.norm = nn.Parameter(torch.ones(D, dtype=dtype))
+        # correction: [slot output, previous corrected state, embedding of the previous token] -> residual update
+        self.corr_up = nn.Linear(2 * D + T, cfg.correction_size, bias=False, dtype=dtype)
+        self.corr_down = nn.Linear(cfg.correction_size, D, bias=False, dtype=dtype)
+        self.out_norm = nn.Parameter(torch.ones(D, dtype=dtype))
+        self.out_proj = nn.Linear(D, T, bias=False, dtype=dtype) if D != T else None
+        # confidence: the corrected state plus the draft distribution's two largest log-probabilities
+        self.conf_up = nn.Linear(D + 2, cfg.confidence_size, dtype=dtype)
+        self.conf_down = nn.Linear(cfg.confidence_size, 1, dtype=dtype)
+        self.reset_parameters()
+
+    # ---- construction
+    @torch.no_grad()
+    def reset_parameters(self, seed: int = 0) -> None:
+        """Random init of the trainable part (N(0, 1/fan_in) scaled; residual outputs and the correction start at
+        zero, so an untrained correction is the identity). The frozen embedding / lm_head are left alone."""
+        gen = torch.Generator().manual_seed(seed)
+        frozen = {id(self.embed_tokens.weight), id(self.lm_head.weight)}
+        zero = ("o_proj.weight", "down.weight", "corr_down.weight", "conf_down.weight", "conf_down.bias",
+                "conf_up.bias")
+        for name, p in self.named_parameters():
+            if id(p) in frozen:
+                continue
+            if name.endswith(zero):
+                p.zero_()
+            elif name in ("feature_norm", "token_norm", "norm", "out_norm") or name.endswith("_norm"):
+                p.fill_(1.0)
+            elif name == "slots":
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
+        self.freeze_target_weights()
+
+    def freeze_target_weights(self) -> None:
+        self.embed_tokens.weight.requires_grad_(False)
+        self.lm_head.weight.requires_grad_(False)
+
+    @classmethod
+    def from_target(cls, target, feature_layers: tuple[int, ...] | None = None, seed: int = 0,
+                    **sizes) -> "DSparkDrafter":
+        """A fresh drafter for `target` (a K3ForCausalLM): shapes from its config, embedding / lm_head copied;
+        feature layers default to four spread over the target's depth."""
+        tcfg = target.cfg
+        feature_layers = feature_layers or default_feature_layers(tcfg.num_hidden_layers)
+        bad = [l for l in feature_layers if not 0 <= l < tcfg.num_hidden_layers]
+        if bad:
+            raise ValueError(f"feature layers {bad} are outside the target's {tcfg.num_hidden_layers} layers")
+        cfg = DSparkConfig(target_hidden_size=tcfg.hidden_size, feature_layers=tuple(feature_layers),
+                           vocab_size=tcfg.vocab_size, tie_word_embeddings=bool(tcfg.tie_word_embeddings), **sizes)
+        model = cls(cfg, dtype=torch.float32)
+        model.reset_parameters(seed)
+        with torch.no_grad():
+            model.embed_tokens.weight.copy_(target.model.embed_tokens.weight.float())
+            if not cfg.tie_word_embeddings:
+                model.lm_head.weight.copy_(target.lm_head.weight.float())
+        return model
+
+    def num_trainable_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    # ---- the network
+    def gather_features(self, captured: dict[int, torch.Tensor]) -> torch.Tensor:
+        """ModelOutput.captured (layer id -> [T, target_hidden]) -> features [T, F] in this drafter's order."""
+        missing = [l for l in self.cfg.feature_layers if l not in captured]
+        if missing:
+            raise ValueError(f"target forward did not capture layers {missing}: set fb.capture_layers = "
+                             f"{self.cfg.feature_layers}")
+        return torch.cat([captured[l] for l in self.cfg.feature_layers], dim=-1)
+
+    def block(self, features: torch.Tensor, last_token: torch.Tensor, gamma: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The parallel part: (context state [N, D], slot outputs [N, gamma, D])."""
+        cfg, dtype = self.cfg, self.fc.weight.dtype
+        N = features.shape[0]
+        f = features.to(dtype).view(N, len(cfg.feature_layers), cfg.target_hidden_size)
+        f = rms(f, cfg.rms_norm_eps, self.feature_norm)  # layers differ in scale: normalise each
+        e = rms(self.embed_tokens(last_token), cfg.rms_norm_eps, self.token_norm)
+        ctx = self.fc(torch.cat([f.flatten(1), e], -1))  # [N, D]
+        x = torch.cat([ctx[:, None], ctx[:, None] + self.slots[:gamma]], 1)  # [N, 1 + gamma, D]
+        for layer in self.layers:
+            x = layer(x)
+        x = rms(x, cfg.rms_norm_eps, self.norm)
+        return x[:, 0], x[:, 1:]
+
+    def correct(self, slot: torch.Tensor, prev_state: torch.Tensor, prev_token: torch.Tensor) -> torch.Tensor:
+        """Slot output [N, D] corrected by the previous token [N] and corrected state [N, D]."""
+        eps = self.cfg.rms_norm_eps
+        u = torch.cat([rms(slot, eps), rms(prev_state, eps), rms(self.embed_tokens(prev_token), eps)], -1)
+        return slot + self.corr_down(F.silu(self.corr_up(u)))
+
+    def logits(self, state: torch.Tensor) -> torch.Tensor:
+        h = rms(state, self.cfg.rms_norm_eps, self.out_norm)
+        return self.lm_head(h if self.out_proj is None else self.out_proj(h))
+
+    def confidence_logit(self, state: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """[..., D], [..., V] -> [...]; reads detached inputs, so its loss never moves the drafting path."""
+        logits = logits.detach().float()
+        # the two largest log-probabilities: how peaked the draft distribution is (cheaper than its entropy)
+        top2 = logits.topk(2, -1).values - torch.logsumexp(logits, -1, keepdim=True)  # [..., 2]
+        x = torch.cat([rms(state.detach(), self.cfg.rms_norm_eps), top2.to(state.dtype)], -1)
+        return self.conf_down(F.silu(self.conf_up(x)))[..., 0].float()
+
+    def _check(self, features: torch.Tensor, last_token: torch.Tensor, gamma: int) -> None:
+        if features.dim() != 2 or features.shape[1] != self.cfg.feature_size:
+            raise ValueError(f"features must be [B, {self.cfg.feature_size}], got {tuple(features.shape)}")
+        if last_token.shape != (features.shape[0],):
+            raise ValueError(f"last_token must be [{features.shape[0]}], got {tuple(last_token.shape)}")
+        if not 1 <= gamma <= self.cfg.gamma_max:
+            raise ValueError(f"gamma = {gamma} must be in [1, {self.cfg.gamma_max}] (the drafter's gamma_max)")
+
+    def teacher_forced_states(self, features: torch.Tensor, last_token: torch.Tensor,
+                              targets: torch.Tensor) -> torch.Tensor:
+        """Training: the corrected states [N, gamma, D] with the true previous tokens fed to the correction.
+        targets [N, gamma] (negative = past the end; fed as token 0)."""
+        gamma = targets.shape[1]
+        self._check(features, last_token, gamma)
+        ctx, slots = self.block(features, last_token, gamma)
+        prev_tokens = torch.cat([last_token[:, None], targets[:, :-1].clamp_min(0)], 1)
+        state, states = ctx, []
+        for i in range(gamma):
+            state = self.correct(slots[:, i], state, prev_tokens[:, i])
+            states.append(state)
+        return torch.stack(states, 1)
+
+    def forward(self, features: torch.Tensor, last_token: torch.Tensor,
+                targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced (logits [N, gamma, V], confidence logits [N, gamma]) for targets [N, gamma]."""
+        states = self.teacher_forced_states(features, last_token, targets)
+        logits = self.logits(states)
+        return logits, self.confidence_logit(states, logits)
+
+    @torch.no_grad()
+    def propose(self, features: torch.Tensor, last_token: torch.Tensor, gamma: int, temperature: float = 0.0,
+                generator: torch.Generator | None = None, want_probs: bool = True,
+                want_confidence: bool = True) -> DraftOutput:
+        """Draft gamma tokens per sequence: greedy (temperature 0) or sampled from softmax(logits / temperature).
+
+        The serving loop drafts greedily and verifies against a point-mass proposal, so it asks for neither the
+        distributions (a softmax over the vocabulary per position) nor, below the planner's batch size, the
+        confidence: probs / confidence are then None.
+        """
+        self._check(features, last_token, gamma)
+        if temperature < 0:
+            raise ValueError(f"temperature = {temperature} must be >= 0")
+        ctx, slots = self.block(features, last_token, gamma)
+        state, token = ctx, last_token
+        tokens, probs, conf = [], [], []
+        for i in range(gamma):
+            state = self.correct(slots[:, i], state, token)
+            logits = self.logits(state)
+            if temperature == 0 and not want_probs:
+                token = logits.argmax(-1)
+            else:
+                p = torch.softmax(logits.float() / (temperature or 1.0), -1)  # [B, V]
+                token = p.argmax(-1) if temperature == 0 else torch.multinomial(p, 1, generator=generator)[:, 0]
+                probs.append(p)
+            tokens.append(token)
+            if want_confidence:
+                conf.append(torch.sigmoid(self.confidence_logit(state, logits)))
+        return DraftOutput(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None,
+                           torch.stack(conf, 1) if conf else None)
+
+    # ---- checkpoints
+    def save(self, path: str | Path, dtype: torch.dtype | None = torch.bfloat16) -> None:
+        """config.json + model.safetensors (bf16 by default; the tied lm_head is stored once, as the embedding)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {}
+        for name, t in self.state_dict().items():
+            if name == "lm_head.weight" and self.cfg.tie_word_embeddings:
+                continue
+            t = t.detach().cpu()
+            state[name] = (t.to(dtype) if dtype is not None and t.is_floating_point() else t).contiguous()
+        save_file(state, path / WEIGHTS_NAME, metadata={"format": "pt"})
+        config = self.cfg.to_dict()
+        config["torch_dtype"] = str(dtype or self.fc.weight.dtype).removeprefix("torch.")
+        (path / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path, device="cpu", dtype: torch.dtype = torch.float32) -> "DSparkDrafter":
+        path = Path(path)
+        if not (path / CONFIG_NAME).exists() or not (path / WEIGHTS_NAME).exists():
+            raise FileNotFoundError(f"{path} is not a DSpark drafter checkpoint ({CONFIG_NAME} + {WEIGHTS_NAME})")
+        cfg = DSparkConfig.from_dict(json.loads((path / CONFIG_NAME).read_text()))
+        model = cls(cfg, dtype=dtype)
+        state = load_file(path / WEIGHTS_NAME)
+        expected = {n for n in model.state_dict() if not (n == "lm_head.weight" and cfg.tie_word_embeddings)}
+        unexpected, missing = sorted(set(state) - expected), sorted(expected - set(state))
+        if unexpected or missing:
+            raise ValueError(f"drafter checkpoint {path}: unexpected tensors {unexpected[:4]}, missing {missing[:4]}")
+        own = model.state_dict()
+        with torch.no_grad():
+            for name, t in state.items():
+                if tuple(t.shape) != tuple(own[name].shape):
+                    raise ValueError(f"drafter tensor {name!r}: checkpoint shape {tuple(t.shape)}, "
+                                     f"model expects {tuple(own[name].shape)}")
+                own[name].copy_(t)
+        model.freeze_target_weights()
+        return model.to(device).eval()

@@ -1,0 +1,263 @@
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from kestrel.models.k3 import K3ForCausalLM
+from kestrel.models.presets import init_random, preset_config
+from kestrel.spec.distill import (DistillArgs, batch_rows, calibration, label_sequences, measure_acceptance,
+                                  measure_acceptance_online, split_rows, teacher_forced_stats, train_drafter)
+from kestrel.spec.drafter import DSparkConfig, DSparkDrafter, default_feature_layers
+
+SMALL = dict(target_hidden_size=32, feature_layers=(0, 2), vocab_size=96, hidden_size=24, num_layers=2,
+             num_heads=2, intermediate_size=32, correction_size=32, confidence_size=16, gamma_max=6)
+
+
+def small_drafter(seed=0, dtype=torch.float32, **kw) -> DSparkDrafter:
+    d = DSparkDrafter(DSparkConfig(**{**SMALL, **kw}), dtype=dtype)
+    d.reset_parameters(seed)
+    with torch.no_grad():
+        d.embed_tokens.weight.copy_(torch.randn(d.embed_tokens.weight.shape, generator=torch.Generator().manual_seed(9)))
+        # residual outputs, the correction and the confidence head start at zero: give them weights so tests
+        # see every part act
+        g = torch.Generator().manual_seed(7)
+        for p in d.parameters():
+            if not p.any():
+                p.normal_(0, 0.3, generator=g)
+    return d.eval()
+
+
+def inputs(d: DSparkDrafter, B=5, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, d.cfg.feature_size, generator=g) * 3,
+            torch.randint(0, d.cfg.vocab_size, (B,), generator=g))
+
+
+def test_shapes_greedy_is_argmax_and_confidence_range():
+    d = small_drafter()
+    f, last = inputs(d)
+    out = d.propose(f, last, 4)
+    assert out.tokens.shape == (5, 4) and out.tokens.dtype == torch.long
+    assert out.probs.shape == (5, 4, 96) and out.probs.dtype == torch.float32
+    assert out.confidence.shape == (5, 4)
+    assert torch.allclose(out.probs.sum(-1), torch.ones(5, 4), atol=1e-5)
+    assert torch.equal(out.tokens, out.probs.argmax(-1))
+    assert bool(((out.confidence > 0) & (out.confidence < 1)).all())
+    # not degenerate: different sequences and positions draft different tokens
+    assert out.tokens.unique().numel() > 3
+
+
+def test_block_is_causal_and_correction_reads_previous_tokens():
+    d = small_drafter()
+    f, last = inputs(d)
+    long, short = d.propose(f, last, 6), d.propose(f, last, 3)
+    # slot i sees slots < i only: a shorter block is a prefix of the longer one
+    assert torch.equal(long.tokens[:, :3], short.tokens)
+    assert torch.allclose(long.probs[:, :3], short.probs, atol=1e-6)
+    # the teacher-forced training forward fed the drafted tokens reproduces the drafting distributions
+    logits, conf = d(f, last, long.tokens)
+    assert torch.allclose(torch.softmax(logits, -1), long.probs, atol=1e-5)
+    assert torch.allclose(torch.sigmoid(conf), long.confidence, atol=1e-5)
+    # feeding other previous tokens changes positions >= 2 and leaves position 1 alone
+    other = (long.tokens + 1) % 96
+    logits2, _ = d(f, last, other)
+    assert torch.allclose(logits2[:, 0], logits[:, 0])
+    assert not torch.allclose(logits2[:, 1:], logits[:, 1:], atol=1e-3)
+
+
+def test_sampling_is_seeded_and_uses_the_returned_distribution():
+    d = small_drafter()
+    f, last = inputs(d, B=64)
+    a = d.propose(f, last, 4, temperature=1.5, generator=torch.Generator().manual_seed(3))
+    b = d.propose(f, last, 4, temperature=1.5, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a.tokens, b.tokens)
+    greedy = d.propose(f, last, 4)
+    assert not torch.equal(a.tokens, greedy.tokens)
+    # first position: the tempered softmax of the same logits as greedy's
+    tempered = torch.softmax(torch.log(greedy.probs[:, 0]) / 1.5, -1)
+    assert torch.allclose(a.probs[:, 0], tempered, atol=1e-5)
+    assert bool((a.probs.gather(-1, a.tokens[..., None]) > 0).all())
+    with pytest.raises(ValueError, match="gamma"):
+        d.propose(f, last, 7)
+    with pytest.raises(ValueError, match="features"):
+        d.propose(f[:, 1:], last, 2)
+
+
+def test_bf16_matches_fp32():
+    d = small_drafter()
+    f, last = inputs(d, B=32)
+    ref = d.propose(f, last, 3)
+    out = small_drafter().to(torch.bfloat16).propose(f, last, 3)
+    assert out.probs.dtype == torch.float32 and out.tokens.dtype == torch.long
+    assert torch.equal(out.tokens, out.probs.argmax(-1))
+    assert (out.tokens[:, 0] == ref.tokens[:, 0]).float().mean() > 0.8
+    assert (out.probs[:, 0] - ref.probs[:, 0]).abs().max() < 0.05
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu():
+    d = small_drafter()
+    f, last = inputs(d, B=16)
+    ref = d.propose(f, last, 4)
+    out = d.to("cuda").propose(f.cuda(), last.cuda(), 4)
+    assert out.tokens.device.type == "cuda"
+    assert torch.allclose(out.probs.cpu(), ref.probs, atol=1e-4)
+
+
+def test_save_load_round_trip(tmp_path):
+    d = small_drafter()
+    f, last = inputs(d)
+    d.save(tmp_path / "fp32", dtype=None)
+    e = DSparkDrafter.load(tmp_path / "fp32")
+    a, b = d.propose(f, last, 5), e.propose(f, last, 5)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.probs, b.probs)
+    assert torch.equal(a.confidence, b.confidence)
+    config = json.loads((tmp_path / "fp32" / "config.json").read_text())
+    assert config["model_type"] == "dspark" and config["feature_layers"] == [0, 2]
+    # the tied lm_head is stored once and comes back tied and frozen
+    with safe_open(tmp_path / "fp32" / "model.safetensors", "pt") as fh:
+        assert "lm_head.weight" not in fh.keys()
+    assert e.lm_head.weight is e.embed_tokens.weight and not e.lm_head.weight.requires_grad
+    # bf16 on disk (the default): the loaded model equals the original with bf16-rounded weights
+    d.save(tmp_path / "bf16")
+    rounded = small_drafter()
+    with torch.no_grad():
+        for p in rounded.parameters():
+            p.copy_(p.bfloat16().float())
+    c, r = DSparkDrafter.load(tmp_path / "bf16").propose(f, last, 5), rounded.propose(f, last, 5)
+    assert torch.equal(c.probs, r.probs)
+
+
+def test_load_names_a_bad_tensor(tmp_path):
+    d = small_drafter()
+    d.save(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "hidden_size": 40}))
+    with pytest.raises(ValueError, match=r"drafter tensor '[\w.]+': checkpoint shape"):
+        DSparkDrafter.load(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    state = load_file(tmp_path / "model.safetensors")
+    del state["slots"]
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="missing \\['slots'\\]"):
+        DSparkDrafter.load(tmp_path)
+
+
+def test_feature_layers_and_from_target():
+    assert default_feature_layers(8) == (1, 3, 5, 7)
+    assert default_feature_layers(4) == (0, 1, 2, 3)
+    target = K3ForCausalLM(preset_config("k3-tiny"))
+    init_random(target, seed=0)
+    d = DSparkDrafter.from_target(target, hidden_size=32, intermediate_size=32, correction_size=32)
+    assert d.cfg.feature_layers == (0, 1, 2, 3) and d.cfg.feature_size == 4 * 64
+    assert torch.equal(d.embed_tokens.weight, target.model.embed_tokens.weight)
+    # k3-tiny does not tie its embeddings: both copies come along, frozen
+    assert not d.cfg.tie_word_embeddings and torch.equal(d.lm_head.weight, target.lm_head.weight)
+    frozen = d.embed_tokens.weight.numel() + d.lm_head.weight.numel()
+    assert d.num_trainable_parameters() == sum(p.numel() for p in d.parameters()) - frozen
+    with pytest.raises(ValueError, match="feature layers"):
+        DSparkDrafter.from_target(target, feature_layers=(1, 9))
+
+
+# ---- distillation on a tiny random target
+
+@pytest.fixture(scope="module")
+def tiny_run():
+    """k3-tiny (random, fp32) continues 10 random prompts greedily; a tiny drafter overfits their rows."""
+    torch.manual_seed(0)
+    target = K3ForCausalLM(preset_config("k3-tiny")).eval()
+    init_random(target, seed=3)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, 4096, (int(n),), generator=g).tolist() for n in torch.randint(3, 12, (10,), generator=g)]
+    drafter = DSparkDrafter.from_target(target, hidden_size=32, num_layers=1, intermediate_size=64,
+                                        correction_size=64, gamma_max=4)
+    # an untrained drafter still yields the target's greedy continuations (verification is lossless)
+    gen = measure_acceptance_online(target, drafter, prompts, gamma=4, max_new_tokens=29)["sequences"]
+    stop = (2,)
+    ended = [s[-1] in stop for s in gen]
+    data = label_sequences(target, gen, [len(p) for p in prompts], ["code"] * len(gen), ended,
+                           drafter.cfg.feature_layers, gamma=4)
+    every = torch.arange(data.num_rows)
+    before = teacher_forced_stats(drafter.eval(), data, every, gamma=4)
+    args = DistillArgs(steps=150, batch_size=64, lr=1e-2, warmup_steps=10, progress=False, gamma=4, eval_gamma=4)
+    summary = train_drafter(drafter, data, args, torch.device("cpu"))
+    after = teacher_forced_stats(drafter, data, every, gamma=4)
+    return target, drafter, prompts, gen, data, before, after, summary
+
+
+def test_label_rows(tiny_run):
+    target, drafter, prompts, gen, data, *_ = tiny_run
+    assert data.cut == 0 and data.sequences == gen
+    assert len(data.offsets) == len(gen) + 1
+    j = 3
+    row = data.offsets[j] + 2  # t = prompt_len + 1
+    t, s = len(prompts[j]) + 1, gen[j]
+    assert data.last_token[row] == s[t + 1]
+    expect = (s + [-1] * 4)[t + 2 : t + 6]
+    assert data.targets[row].tolist() == expect
+    # the features are the target's captured layer outputs at t
+    from kestrel.models.forward_batch import ForwardBatch
+
+    fb = ForwardBatch.full_sequences([s])
+    fb.capture_layers = drafter.cfg.feature_layers
+    with torch.no_grad():
+        out = target(fb)
+    assert torch.allclose(data.features[row], drafter.gather_features(out.captured)[t], atol=1e-5)
+
+
+def test_label_cuts_where_the_reference_disagrees(tiny_run):
+    target, drafter, prompts, gen, *_ = tiny_run
+    bad = [list(s) for s in gen[:2]]
+    p = len(prompts[1])
+    bad[1][p + 5] = (bad[1][p + 5] + 1) % 4096
+    data = label_sequences(target, bad, [len(x) for x in prompts[:2]], ["code"] * 2, [True, True],
+                           drafter.cfg.feature_layers, gamma=4)
+    assert data.cut == 1 and data.sequences[1] == bad[1][: p + 5] and data.ended == [True, False]
+    assert data.offsets[2] - data.offsets[1] == 5
+
+
+def test_rows_split_by_sequence_and_batches_are_seeded(tiny_run):
+    data = tiny_run[4]
+    fit, calib = split_rows(data, 0.2, seed=0)
+    assert sorted(fit.tolist() + calib.tolist()) == list(range(data.num_rows))
+    owner = torch.repeat_interleave(torch.arange(len(data.sequences)),
+                                    torch.tensor(data.offsets[1:]) - torch.tensor(data.offsets[:-1]))
+    held = set(owner[calib].tolist())
+    assert len(held) == 2 and not held & set(owner[fit].tolist())
+    assert torch.equal(batch_rows(7, fit, 16, seed=1), batch_rows(7, fit, 16, seed=1))
+    assert set(batch_rows(7, fit, 16, seed=1).tolist()) <= set(fit.tolist())
+    assert not torch.equal(batch_rows(7, fit, 16, seed=1), batch_rows(7, fit, 16, seed=2))
+
+
+def test_distillation_lowers_the_loss(tiny_run):
+    *_, before, after, summary = tiny_run
+    assert summary["steps"] == 150 and summary["finished"]
+    assert after["ce"] < 0.5 * before["ce"], (before, after)
+    assert after["accepted"] > before["accepted"] + 0.5
+
+
+def test_fast_measurement_equals_the_explicit_verify_loop(tiny_run):
+    target, drafter, prompts, gen, data, *_ = tiny_run
+    fast = measure_acceptance(drafter, data, gamma=4)
+    limits = [len(s) - len(p) if not e else 10**9 for s, p, e in zip(gen, prompts, data.ended)]
+    online = measure_acceptance_online(target, drafter, prompts, 4, limits, stop_ids=(2,))
+    # lossless: the explicit loop commits the target's greedy text (a prefix of it, where the length limit stops
+    # drafting before the end)
+    for seq, ref, ended in zip(online["sequences"], gen, data.ended):
+        assert seq == (ref if ended else ref[: len(seq)])
+    assert (fast["verify_steps"], fast["tokens"]) == (online["verify_steps"], online["tokens"])
+    # the trained drafter really drafts: more than one token per step on the rows it learnt
+    assert fast["mean_accepted_length"] > 1.5
+    assert sum(fast["accepted_histogram"]) == fast["verify_steps"]
+
+
+def test_calibration_table():
+    # predicted 0.9 and accepted 9 times in 10; predicted 0.2 and accepted 1 time in 5
+    conf = torch.tensor([[0.9, 1.0, 0.0]] * 9 + [[0.9, 0.0, 0.0]] + [[0.2, 1.0, 1.0]] + [[0.2, 0.0, 1.0]] * 4)
+    c = calibration(conf, gamma=3)
+    assert [r["position"] for r in c["per_position"]] == [1, 2]
+    assert c["per_position"][0]["observed"] == 0.9 and c["per_position"][1]["observed"] == 0.2
+    assert c["ece"] < 1e-6
+    assert sum(b["n"] for b in c["per_bin"]) == 15
