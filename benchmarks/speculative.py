@@ -1,25 +1,31 @@
 """DSpark speculative decoding with ReplaySSM, all sides in one run.
 
     python benchmarks/speculative.py [--model DIR] [--drafter DIR] [--gamma 7] [--batches 1,4,16,64]
+        [--device cuda --dtype bfloat16] [--out docs/img/speculative.json]
 
 1. Acceptance: tokens per verify step (accepted drafts + the target's own token) on held-out code and arithmetic
    prompts, greedy.
 2. Batch-1 decode tokens/s with and without speculation (same prompts, same outputs: checked).
 3. Throughput against batch size for no speculation, verify-all and the planner.
 4. Draft-window memory per request, ReplaySSM against the per-step snapshot baseline (measured on the model here;
-   computed for k3-mini's head_dim-128 shapes), and the concurrent speculative requests a fixed budget holds.
+   and for one KDA layer of k3-mini's head_dim-128 shapes in bf16, scaled by its layer count), and the concurrent
+   speculative requests a fixed budget holds.
+The figures land in a JSON file with a plot of throughput against batch size beside it.
 """
 
 import argparse
+import json
 import random
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
 from kestrel.config import ServerArgs
 from kestrel.engine.core import EngineCore
 from kestrel.models.presets import preset_config
+from kestrel.ops.kda.reference import kda_verify
 from kestrel.train import arith, corpus
 from kestrel.tokenizer import Tokenizer
 
@@ -44,7 +50,8 @@ def arith_prompts(tok: Tokenizer, n: int) -> list[list[int]]:
 
 
 def make(args, **kw) -> EngineCore:
-    a = ServerArgs(model_path=args.model, dtype="float32", disable_overlap_schedule=True, chunked_prefill_size=4096,
+    a = ServerArgs(model_path=args.model, dtype=args.dtype, device=args.device, disable_overlap_schedule=True,
+                   chunked_prefill_size=4096,
                    speculative_draft_model_path=args.drafter, speculative_num_draft_tokens=args.gamma, **kw)
     return EngineCore(a)
 
@@ -68,8 +75,13 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--batches", default="1,4,16,64")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--out", default="speculative.json", help="JSON results; the plot lands beside it")
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    report = {"args": vars(args)}
     rng = random.Random(0)
     base = make(args)
     tok = base.tokenizer
@@ -83,6 +95,7 @@ def main() -> None:
         steps = sum(r.spec_verify_ct for r in reqs)
         per_step = (sum(r.spec_accepted for r in reqs) + steps) / steps
         print(f"   {name:10s} {per_step:.2f} tokens per verify step over {len(prompts)} prompts")
+        report[f"tokens_per_verify_{name}"] = per_step
         core.shutdown()
 
     print("2. batch-1 decode")
@@ -100,6 +113,7 @@ def main() -> None:
     assert outs["plain"] == outs["dspark"], "speculation changed greedy output"
     plain, spec = statistics.median(times["plain"]), statistics.median(times["dspark"])
     print(f"   plain {plain:.1f} tok/s, DSpark {spec:.1f} tok/s: x{spec / plain:.2f}")
+    report["batch1"] = {"plain": plain, "dspark": spec, "speedup": spec / plain}
 
     print("3. throughput against batch size (output tok/s)")
     pool = sets["code"] + sets["arithmetic"]
@@ -115,6 +129,7 @@ def main() -> None:
             res[key] = len(prompts) * (args.new_tokens // 2) / elapsed
             core.shutdown()
         rows.append((b, res))
+        report.setdefault("throughput", {})[b] = res
         print(f"   batch {b:4d}: none {res['none']:8.1f}  verify-all {res['verify-all']:8.1f}  planned {res['planned']:8.1f}")
 
     print("4. draft-window memory per request")
@@ -129,18 +144,64 @@ def main() -> None:
     print(f"   this model: ReplaySSM {window['replay'] / 1e3:.1f} KB, snapshots {window['snapshot'] / 1e3:.1f} KB "
           f"(x{window['snapshot'] / window['replay']:.1f}); a committed state slot is {slot / 1e3:.1f} KB")
     mini = preset_config("k3-mini")
-    H, K, L = mini.linear_num_heads, mini.linear_head_dim, len(mini.kda_layer_ids)
+    per_layer = {k: mini_layer_window(mini, args.gamma + 1, k == "snapshot") for k in ("replay", "snapshot")}
+    L = len(mini.kda_layer_ids)
+    H, K = mini.linear_num_heads, mini.linear_head_dim
+    replay, snap = L * per_layer["replay"], L * per_layer["snapshot"]
+    slot_mini = L * (H * K * K * 4 + 3 * (mini.short_conv_kernel_size - 1) * H * K * 2)
     steps = args.gamma + 1
-    # per KDA layer and step: k, g (K each), v (V), beta (1) in fp32 + the conv inputs (3HK) in bf16
-    replay = L * steps * (H * (3 * K + 1) * 4 + 3 * H * K * 2)
-    snap = L * steps * (H * K * K * 4 + 3 * H * K * 2)
-    slot_mini = L * (H * K * K * 4 + 3 * 3 * H * K * 2)
-    print(f"   k3-mini shapes: ReplaySSM {replay / 1e6:.2f} MB, snapshots {snap / 1e6:.1f} MB per request "
-          f"(x{snap / replay:.0f}; {H * (3 * K + 1) * 4} B vs {H * K * K * 4 // 1024} KB per step per layer)")
+    print(f"   k3-mini shapes (bf16, measured on one layer x {L}): ReplaySSM {replay / 1e6:.2f} MB, snapshots "
+          f"{snap / 1e6:.1f} MB per request (x{snap / replay:.1f}; {per_layer['replay'] / steps / H:.0f} B vs "
+          f"{per_layer['snapshot'] / steps / H / 1024:.1f} KB per step per head, conv inputs included)")
     budget = 64e9
     per_req_replay, per_req_snap = slot_mini + replay, slot_mini + snap
     print(f"   at a 64 GB state budget: {budget / per_req_replay:.0f} concurrent speculative requests with ReplaySSM, "
           f"{budget / per_req_snap:.0f} with snapshots (x{per_req_snap / per_req_replay:.1f})")
+    report["window"] = {"this_model": window, "k3_mini": {"replay": replay, "snapshot": snap},
+                        "concurrent_64GB": {"replay": budget / per_req_replay, "snapshot": budget / per_req_snap}}
+    save(report, rows, Path(args.out))
+
+
+def mini_layer_window(cfg, steps: int, snapshot: bool) -> int:
+    """Draft-window bytes of one k3-mini KDA layer for one request: a real kda_verify over random bf16 inputs."""
+    H, K, W = cfg.linear_num_heads, cfg.linear_head_dim, cfg.short_conv_kernel_size
+    C = 3 * H * K
+    g = torch.Generator().manual_seed(0)
+    bf = torch.bfloat16
+    x = torch.randn(1, steps, C, generator=g).to(bf)
+    raw = torch.randn(1, steps, H, K, generator=g).to(bf)
+    beta = torch.rand(1, steps, H, generator=g).to(bf)
+    conv_w = torch.randn(C, W, generator=g).to(bf)
+    conv_state = torch.zeros(1, W - 1, C, dtype=bf)
+    ssm = torch.zeros(1, H, K, K)
+    _, rec = kda_verify(x, raw, beta, [steps], conv_w, conv_state, ssm, torch.tensor([0]), torch.zeros(H),
+                        torch.zeros(C // 3), -5.0, K**-0.5, snapshot_states=snapshot)
+    return rec.nbytes()
+
+
+def save(report: dict, rows, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    batches = [b for b, _ in rows]
+    for key in ("none", "verify-all", "planned"):
+        ax.plot(batches, [r[key] for _, r in rows], marker="o", label=key)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size (running requests)")
+    ax.set_ylabel("output tokens/s")
+    a = report["args"]
+    ax.set_title(f"DSpark (gamma {a['gamma']}) on {a['device']}, {a['dtype']}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    png = out.with_suffix(".png")
+    fig.savefig(png, dpi=110)
+    print(f"wrote {out} and {png}")
 
 
 if __name__ == "__main__":

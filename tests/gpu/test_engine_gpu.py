@@ -45,3 +45,27 @@ def test_engine_on_gpu_matches_the_reference_path(overlap, unified):
             first = next(i for i, (a, b) in enumerate(zip(o["output_ids"], ref)) if a != b)
             assert gaps[first] < 1e-3, f"diverged at token {first} where the reference margin is {gaps[first]}"
         assert exact >= 14
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_speculative_greedy_on_gpu_matches_plain_decoding(overlap):
+    """DSpark on CUDA (bundled target and drafter, verify + ReplaySSM fold on the GPU) against plain decoding on the
+    same GPU; a token may differ only where the reference's top two logits are within 1e-3."""
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 2000, (int(n),), generator=g).tolist() for n in torch.randint(5, 120, (12,), generator=g)]
+    params = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
+    common = dict(device="cuda", dtype="float32", skip_tokenizer_init=True, disable_overlap_schedule=not overlap)
+    with Engine(**common) as engine:
+        plain = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=params)]
+    with Engine(speculative_algorithm="dspark", **common) as engine:
+        outs = engine.generate(input_ids=prompts, sampling_params=params)
+        model = engine.core.model
+        assert sum(o["meta_info"].get("spec_verify_ct", 0) for o in outs) > 0
+        for p, o, q in zip(prompts, outs, plain):
+            if o["output_ids"] == q:
+                continue
+            ref, gaps = reference_greedy(model, p, 32)
+            for out in (o["output_ids"], q):
+                if out != ref:
+                    first = next(i for i, (a, b) in enumerate(zip(out, ref)) if a != b)
+                    assert gaps[first] < 1e-3, f"diverged at token {first} where the reference margin is {gaps[first]}"
