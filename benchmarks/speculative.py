@@ -15,7 +15,6 @@ The figures land in a JSON file with a plot of throughput against batch size bes
 
 import argparse
 import json
-import random
 import statistics
 import time
 from pathlib import Path
@@ -26,27 +25,19 @@ from kestrel.config import ServerArgs
 from kestrel.engine.core import EngineCore
 from kestrel.models.presets import preset_config
 from kestrel.ops.kda.reference import kda_verify
-from kestrel.train import arith, corpus
+from kestrel.spec import distill
 from kestrel.tokenizer import Tokenizer
 
 
-def code_prompts(tok: Tokenizer, n: int, rng: random.Random) -> list[list[int]]:
-    """Openings of held-out stdlib files (never trained on)."""
-    files = corpus.stdlib_files("heldout", True)
-    rng.shuffle(files)
-    out = []
-    for _, text in files:
-        ids = tok.encode(text)
-        if len(ids) > 200:
-            start = rng.randrange(0, len(ids) - 160)
-            out.append(ids[start : start + 96])
-        if len(out) == n:
-            break
-    return out
+def heldout_prompts(tok: Tokenizer, n: int) -> dict[str, list[list[int]]]:
+    """The drafter's own held-out prompts (held-out stdlib files cut at a line; held-out arithmetic problems, some in
+    the chat format), as `kestrel distill` measures them."""
+    code = distill.code_prompts(tok, "heldout", n, seed=0)
+    maths = distill.arith_prompts(tok, "heldout", n, seed=0, chat_fraction=0.3)
+    return {"code": [p.ids for p in code], "arithmetic": [p.ids for p in maths]}
 
 
-def arith_prompts(tok: Tokenizer, n: int) -> list[list[int]]:
-    return [tok.encode(p.prompt) for p in arith.heldout_problems(n, seed=1)]
+NEW_TOKENS_ACCEPTANCE = 128
 
 
 def make(args, **kw) -> EngineCore:
@@ -56,8 +47,8 @@ def make(args, **kw) -> EngineCore:
     return EngineCore(a)
 
 
-def generate(core: EngineCore, prompts, new: int):
-    params = {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}
+def generate(core: EngineCore, prompts, new: int, ignore_eos: bool = True):
+    params = {"max_new_tokens": new, "temperature": 0, "ignore_eos": ignore_eos}
     reqs = [core.make_request(p, params) for p in prompts]
     for r in reqs:
         core.add_request(r)
@@ -75,6 +66,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--batches", default="1,4,16,64")
+    ap.add_argument("--sections", default="1,2,3,4", help="which of the four parts to run")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", default="speculative.json", help="JSON results; the plot lands beside it")
@@ -82,83 +74,94 @@ def main() -> None:
     if args.device == "cpu":
         torch.set_num_threads(1)
     report = {"args": vars(args)}
-    rng = random.Random(0)
     base = make(args)
     tok = base.tokenizer
     base.shutdown()
-    sets = {"code": code_prompts(tok, args.prompts, rng), "arithmetic": arith_prompts(tok, args.prompts)}
+    sets = heldout_prompts(tok, args.prompts)
+    sections = set(map(int, args.sections.split(",")))
+    rows = []
 
-    print("1. tokens per verify step (greedy, gamma = %d)" % args.gamma)
-    for name, prompts in sets.items():
+    print("1. tokens per verify step (greedy, gamma = %d, up to %d new tokens, stopping at EOS)"
+          % (args.gamma, NEW_TOKENS_ACCEPTANCE))
+    for name, prompts in (sets.items() if 1 in sections else ()):
         core = make(args, speculative_algorithm="dspark")
-        reqs, _ = generate(core, prompts, args.new_tokens)
+        reqs, _ = generate(core, prompts, NEW_TOKENS_ACCEPTANCE, ignore_eos=False)
         steps = sum(r.spec_verify_ct for r in reqs)
         per_step = (sum(r.spec_accepted for r in reqs) + steps) / steps
         print(f"   {name:10s} {per_step:.2f} tokens per verify step over {len(prompts)} prompts")
         report[f"tokens_per_verify_{name}"] = per_step
         core.shutdown()
 
-    print("2. batch-1 decode")
-    prompts = sets["code"][:6] + sets["arithmetic"][:6]
-    times = {"plain": [], "dspark": []}
-    outs = {}
-    for _ in range(2):
-        for key in times:
-            kw = {"speculative_algorithm": "dspark"} if key == "dspark" else {}
-            core = make(args, max_running_requests=1, **kw)
-            reqs, elapsed = generate(core, prompts, args.new_tokens)
-            times[key].append(len(prompts) * args.new_tokens / elapsed)
-            outs[key] = [r.output_ids for r in reqs]
-            core.shutdown()
-    assert outs["plain"] == outs["dspark"], "speculation changed greedy output"
-    plain, spec = statistics.median(times["plain"]), statistics.median(times["dspark"])
-    print(f"   plain {plain:.1f} tok/s, DSpark {spec:.1f} tok/s: x{spec / plain:.2f}")
-    report["batch1"] = {"plain": plain, "dspark": spec, "speedup": spec / plain}
+    if 2 in sections:
+        print("2. batch-1 decode")
+        prompts = sets["code"][:6] + sets["arithmetic"][:6]
+        times = {"plain": [], "dspark": []}
+        outs = {}
+        for _ in range(2):
+            for key in times:
+                kw = {"speculative_algorithm": "dspark"} if key == "dspark" else {}
+                core = make(args, max_running_requests=1, **kw)
+                reqs, elapsed = generate(core, prompts, args.new_tokens)
+                times[key].append(len(prompts) * args.new_tokens / elapsed)
+                outs[key] = [r.output_ids for r in reqs]
+                core.shutdown()
+        if args.device == "cpu":
+            assert outs["plain"] == outs["dspark"], "speculation changed greedy output"
+        else:  # verify and decode kernels round differently: report how much agrees (the GPU test bounds the flips)
+            same = sum(a == b for a, b in zip(outs["plain"], outs["dspark"]))
+            print(f"   greedy outputs identical for {same} of {len(prompts)} prompts (kernel rounding flips the rest)")
+        plain, spec = statistics.median(times["plain"]), statistics.median(times["dspark"])
+        print(f"   plain {plain:.1f} tok/s, DSpark {spec:.1f} tok/s: x{spec / plain:.2f}")
+        report["batch1"] = {"plain": plain, "dspark": spec, "speedup": spec / plain}
 
-    print("3. throughput against batch size (output tok/s)")
-    pool = sets["code"] + sets["arithmetic"]
-    rows = []
-    for b in map(int, args.batches.split(",")):
-        prompts = [pool[i % len(pool)] for i in range(max(b, 4))]
-        res = {}
-        for key, kw in (("none", {}), ("verify-all", {"speculative_algorithm": "dspark", "disable_verify_planner": True}),
-                        ("planned", {"speculative_algorithm": "dspark"})):
-            core = make(args, max_running_requests=b, **kw)
-            generate(core, prompts[:2], 8)  # warm-up, and the planner's one-off profile at this batch
-            reqs, elapsed = generate(core, prompts, args.new_tokens // 2)
-            res[key] = len(prompts) * (args.new_tokens // 2) / elapsed
-            core.shutdown()
-        rows.append((b, res))
-        report.setdefault("throughput", {})[b] = res
-        print(f"   batch {b:4d}: none {res['none']:8.1f}  verify-all {res['verify-all']:8.1f}  planned {res['planned']:8.1f}")
+    if 3 in sections:
+        print("3. throughput against batch size (output tok/s)")
+        pool = sets["code"] + sets["arithmetic"]
+        sides = (("none", {}), ("verify-all", {"speculative_algorithm": "dspark", "disable_verify_planner": True}),
+                 ("planned", {"speculative_algorithm": "dspark"}))
+        for b in map(int, args.batches.split(",")):
+            prompts = [pool[i % len(pool)] for i in range(max(b, 4))]
+            res = {}
+            for key, kw in sides:
+                core = make(args, max_running_requests=b, **kw)
+                # warm-up at the full batch: the planner's one-off profile of every batch bucket the run drains
+                # through is measured here, not in the timed run
+                generate(core, prompts, 16)
+                reqs, elapsed = generate(core, prompts, args.new_tokens // 2)
+                res[key] = len(prompts) * (args.new_tokens // 2) / elapsed
+                core.shutdown()
+            rows.append((b, res))
+            report.setdefault("throughput", {})[b] = res
+            print(f"   batch {b:4d}: " + "  ".join(f"{k} {res[k]:8.1f}" for k, _ in sides))
 
-    print("4. draft-window memory per request")
-    window = {}
-    for rollback in ("replay", "snapshot"):
-        core = make(args, speculative_algorithm="dspark", speculative_state_rollback=rollback,
-                    disable_verify_planner=True)
-        generate(core, sets["code"][:1], 8)
-        window[rollback] = core.runner.spec.window_bytes
-        slot = core.mm.state.bytes_per_slot()
-        core.shutdown()
-    print(f"   this model: ReplaySSM {window['replay'] / 1e3:.1f} KB, snapshots {window['snapshot'] / 1e3:.1f} KB "
-          f"(x{window['snapshot'] / window['replay']:.1f}); a committed state slot is {slot / 1e3:.1f} KB")
-    mini = preset_config("k3-mini")
-    per_layer = {k: mini_layer_window(mini, args.gamma + 1, k == "snapshot") for k in ("replay", "snapshot")}
-    L = len(mini.kda_layer_ids)
-    H, K = mini.linear_num_heads, mini.linear_head_dim
-    replay, snap = L * per_layer["replay"], L * per_layer["snapshot"]
-    slot_mini = L * (H * K * K * 4 + 3 * (mini.short_conv_kernel_size - 1) * H * K * 2)
-    steps = args.gamma + 1
-    print(f"   k3-mini shapes (bf16, measured on one layer x {L}): ReplaySSM {replay / 1e6:.2f} MB, snapshots "
-          f"{snap / 1e6:.1f} MB per request (x{snap / replay:.1f}; {per_layer['replay'] / steps / H:.0f} B vs "
-          f"{per_layer['snapshot'] / steps / H / 1024:.1f} KB per step per head, conv inputs included)")
-    budget = 64e9
-    per_req_replay, per_req_snap = slot_mini + replay, slot_mini + snap
-    print(f"   at a 64 GB state budget: {budget / per_req_replay:.0f} concurrent speculative requests with ReplaySSM, "
-          f"{budget / per_req_snap:.0f} with snapshots (x{per_req_snap / per_req_replay:.1f})")
-    report["window"] = {"this_model": window, "k3_mini": {"replay": replay, "snapshot": snap},
-                        "concurrent_64GB": {"replay": budget / per_req_replay, "snapshot": budget / per_req_snap}}
+    if 4 in sections:
+        print("4. draft-window memory per request")
+        window = {}
+        for rollback in ("replay", "snapshot"):
+            core = make(args, speculative_algorithm="dspark", speculative_state_rollback=rollback,
+                        disable_verify_planner=True)
+            generate(core, sets["code"][:1], 8)
+            window[rollback] = core.runner.spec.window_bytes
+            slot = core.mm.state.bytes_per_slot()
+            core.shutdown()
+        print(f"   this model: ReplaySSM {window['replay'] / 1e3:.1f} KB, snapshots {window['snapshot'] / 1e3:.1f} KB "
+              f"(x{window['snapshot'] / window['replay']:.1f}); a committed state slot is {slot / 1e3:.1f} KB")
+        mini = preset_config("k3-mini")
+        per_layer = {k: mini_layer_window(mini, args.gamma + 1, k == "snapshot") for k in ("replay", "snapshot")}
+        L = len(mini.kda_layer_ids)
+        H, K = mini.linear_num_heads, mini.linear_head_dim
+        replay, snap = L * per_layer["replay"], L * per_layer["snapshot"]
+        slot_mini = L * (H * K * K * 4 + 3 * (mini.short_conv_kernel_size - 1) * H * K * 2)
+        steps = args.gamma + 1
+        print(f"   k3-mini shapes (bf16, measured on one layer x {L}): ReplaySSM {replay / 1e6:.2f} MB, snapshots "
+              f"{snap / 1e6:.1f} MB per request (x{snap / replay:.1f}; {per_layer['replay'] / steps / H:.0f} B vs "
+              f"{per_layer['snapshot'] / steps / H / 1024:.1f} KB per step per head, conv inputs included)")
+        budget = 64e9
+        per_req_replay, per_req_snap = slot_mini + replay, slot_mini + snap
+        print(f"   at a 64 GB state budget: {budget / per_req_replay:.0f} concurrent speculative requests with ReplaySSM, "
+              f"{budget / per_req_snap:.0f} with snapshots (x{per_req_snap / per_req_replay:.1f})")
+        report["window"] = {"this_model": window, "k3_mini": {"replay": replay, "snapshot": snap},
+                            "concurrent_64GB": {"replay": budget / per_req_replay, "snapshot": budget / per_req_snap}}
     save(report, rows, Path(args.out))
 
 

@@ -108,6 +108,7 @@ class EngineCore:
 
     def shutdown(self) -> None:
         self.scheduler.shutdown()
+        self.runner.release()
 
     def _stop_checker(self, req: Req) -> str | None:
         longest = max(len(s) for s in req.params.stop)

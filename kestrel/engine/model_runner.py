@@ -5,6 +5,7 @@ state movements and the forward in order on one thread (the serial forward strea
 """
 
 import concurrent.futures
+import gc
 import logging
 
 import torch
@@ -44,6 +45,15 @@ class ModelRunner:
         self.future_size = 4 * args.max_running_requests + 16
         self.future = torch.zeros(self.future_size, dtype=torch.long, device=self.device)
 
+    def release(self) -> None:
+        """Give the device memory back (pools, CUDA graphs, the drafter's buffers) so that another engine in this
+        process can size its pools from it."""
+        self.graphs, self.spec = None, None
+        self.mem.release()
+        if self.device.type == "cuda":
+            gc.collect()
+            torch.cuda.empty_cache()
+
     def _make_memory(self, slots_per_request: int):
         a = self.args
         ps = a.page_size
@@ -76,6 +86,7 @@ class ModelRunner:
     def _default_tokens(self) -> int:
         if self.device.type != "cuda":
             return CPU_DEFAULT_TOKENS
+        torch.cuda.empty_cache()  # memory cached from an engine shut down earlier in this process counts as free
         free, _ = torch.cuda.mem_get_info(self.device)
         per_token = self.cfg.kv_latent_dim * len(self.cfg.mla_layer_ids) * torch.finfo(self.dtype).bits // 8
         return max(4096, int(free * self.args.mem_fraction_static * 0.5) // max(per_token, 1))

@@ -107,6 +107,16 @@ class Memory:
         self.kv, self.state = kv, state
         self.page_size = kv.page_size
 
+    def release(self) -> None:
+        """Drop the device buffers (at shutdown; the allocators' counts stay readable)."""
+        self.kv.buffers.clear()
+        self.state.conv.clear()
+        self.state.ssm.clear()
+
+    def device_bytes(self) -> int:
+        tensors = [*self.kv.buffers.values(), *self.state.conv.values(), *self.state.ssm.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     # ---- views the model reads, indexed by physical id
     def kv_buffer(self, layer_id: int) -> torch.Tensor:
         return self.kv.buffers[layer_id]

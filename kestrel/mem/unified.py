@@ -247,6 +247,15 @@ class UnifiedMemory:
         self._conv = {l: pool.conv_view(l) for l in cfg.kda_layer_ids}
         self._ssm = {l: pool.ssm_view(l) for l in cfg.kda_layer_ids}
 
+    def release(self) -> None:
+        """Drop the byte pool and its views (at shutdown; the allocators' counts stay readable)."""
+        self.pool.buf = self.pool.buf.new_empty(0)
+        for views in (self._kv, self._conv, self._ssm):
+            views.clear()
+
+    def device_bytes(self) -> int:
+        return self.pool.buf.numel()
+
     def kv_buffer(self, layer_id: int) -> torch.Tensor:
         return self._kv[layer_id]
 

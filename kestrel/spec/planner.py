@@ -1,10 +1,13 @@
 """The verify planner: keep a draft position only while its expected gain covers its marginal cost.
 
 A one-off profile gives the target's verify step time against the number of verify tokens at each batch size
-(on a GPU a staircase: flat while the tokens fit the current kernel wave, steep where a new wave starts). Each
-step, the confidence head's per-position acceptance probabilities give every draft position its survival
-probability (the chance it is reached and accepted); positions are added best-first while the expected tokens
-per second of the whole step still rise. Below `min_batch` there is nothing to save: no pruning.
+(on a GPU a staircase: flat while the tokens fit the current kernel wave, steep where a new wave starts). Blocks
+of different lengths are not free to mix: the recurrent KDA verify pads every block to the longest, so the
+profile is two-dimensional, (total tokens, longest block): for each block length L it times one block of L among
+blocks of 1 and all blocks of L, and a plan in between is interpolated on its token count. Each step, the
+confidence head's per-position acceptance probabilities give every draft position its survival probability (the
+chance it is reached and accepted); positions are added best-first while the expected tokens per second of the
+whole step still rise. Below `min_batch` there is nothing to save: no pruning.
 """
 
 import bisect
@@ -15,43 +18,52 @@ import torch
 
 
 class StepProfile:
-    """Measured verify step time as a function of (batch size, total verify tokens), interpolated."""
+    """Measured verify step time as a function of (batch size, total verify tokens, longest block), interpolated.
 
-    def __init__(self, table: dict[int, list[tuple[int, float]]]):
-        # batch bucket -> [(total tokens, seconds)] sorted by tokens
-        self.table = {b: sorted(rows) for b, rows in table.items()}
+    table: batch bucket b -> [(L, t_one, t_all)] for L = 1 ... gamma + 1, where t_one is the step time with one
+    block of L tokens and b - 1 blocks of one, t_all with all b blocks of L.
+    """
+
+    def __init__(self, table: dict[int, list[tuple[int, float, float]]]):
+        self.table = {b: {L: (one, full) for L, one, full in rows} for b, rows in table.items()}
         self.buckets = sorted(self.table)
 
-    def cost(self, batch: int, tokens: int) -> float:
+    def cost(self, batch: int, tokens: int, longest: int) -> float:
         b = self.buckets[min(bisect.bisect_left(self.buckets, batch), len(self.buckets) - 1)]
         rows = self.table[b]
-        # the bucket was measured at b rows: scale the token count to it
+        L = min(max(longest, 1), max(rows))
+        one, full = rows[L]
+        if L == 1:
+            return full
+        # the bucket was measured at b blocks: scale the token count to it, then place it between the two shapes
         t = tokens * b / max(batch, 1)
-        xs = [x for x, _ in rows]
-        i = bisect.bisect_left(xs, t)
-        if i == 0:
-            return rows[0][1]
-        if i == len(rows):
-            (x0, y0), (x1, y1) = rows[-2], rows[-1]
-        else:
-            (x0, y0), (x1, y1) = rows[i - 1], rows[i]
-        return y0 + (y1 - y0) * (t - x0) / max(x1 - x0, 1e-9)
+        lo, hi = b - 1 + L, b * L
+        w = min(max((t - lo) / (hi - lo), 0.0), 1.0)
+        return one + w * (full - one)
 
     @classmethod
-    def measure(cls, step: Callable[[int, int], None], batches: list[int], gamma: int, repeats: int = 3) -> "StepProfile":
-        """step(batch, tokens_per_request) runs one verify forward; the median of `repeats` timings is kept."""
+    def measure(cls, step: Callable[[list[int]], None], batches: list[int], gamma: int,
+                repeats: int = 3) -> "StepProfile":
+        """step(block_lengths) runs one verify forward over blocks of those lengths; the median of `repeats`."""
+
+        def timed(lens: list[int]) -> float:
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                step(lens)
+                times.append(time.perf_counter() - start)
+            return sorted(times)[len(times) // 2]
+
         table = {}
         for b in batches:
             rows = []
-            for n in range(1, gamma + 2):
-                times = []
-                for _ in range(repeats):
-                    start = time.perf_counter()
-                    step(b, n)
-                    times.append(time.perf_counter() - start)
-                rows.append((b * n, sorted(times)[len(times) // 2]))
+            for L in range(1, gamma + 2):
+                full = timed([L] * b)
+                one = full if L == 1 or b == 1 else timed([L] + [1] * (b - 1))
+                rows.append((L, one, full))
             table[b] = rows
         return cls(table)
+
 
 
 class VerifyPlanner:
@@ -66,15 +78,17 @@ class VerifyPlanner:
         survival = torch.cumprod(confidence.double().cpu(), dim=1)
         # every request verifies its last token and yields one token whatever happens
         kept, expected, tokens = [0] * B, float(B), B
-        best_rate, best = expected / self.profile.cost(B, tokens), list(kept)
+        best_rate, best = expected / self.profile.cost(B, tokens, 1), list(kept)
         cands = sorted(((float(survival[r, i]), r, i) for r in range(B) for i in range(max_drafts[r])),
                        key=lambda c: (-c[0], c[1], c[2]))
+        longest = 1
         for s, r, i in cands:
             # survival falls along a request's positions, so best-first order extends each request in order
             kept[r] = i + 1
             expected += s
             tokens += 1
-            rate = expected / self.profile.cost(B, tokens)
+            longest = max(longest, i + 2)
+            rate = expected / self.profile.cost(B, tokens, longest)
             if rate > best_rate:
                 best_rate, best = rate, list(kept)
         return best

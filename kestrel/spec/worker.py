@@ -42,7 +42,7 @@ class SpecWorker:
         self.layers = self.drafter.cfg.feature_layers
         self.features: dict[str, torch.Tensor] = {}  # rid -> target features at its last processed position
         self.use_planner = use_planner
-        self.profile: dict[int, list[tuple[int, float]]] = {}
+        self.profile: dict[int, list[tuple[int, float, float]]] = {}
         self.window_bytes = 0  # draft-window memory of the last verify (the rollback method's cost)
 
     # ---- features from ordinary forwards
@@ -128,23 +128,25 @@ class SpecWorker:
             self.profile[bucket] = self._measure(bucket)
         return VerifyPlanner(StepProfile(self.profile), PLANNER_MIN_BATCH).plan(confidence, max_drafts)
 
-    def _measure(self, batch: int) -> list[tuple[int, float]]:
-        """One-off: verify step time at `batch` rows for every block length, on the scratch page and slot."""
+    def _measure(self, batch: int) -> list[tuple[int, float, float]]:
+        """One-off: verify step time at `batch` blocks for every longest block length (one block that long among
+        blocks of one, and all that long), on the scratch page and slot."""
         r, dev = self.runner, self.runner.device
         ps = r.mem.page_size
 
-        def step(bs: int, n: int) -> None:
-            pages = -(-n // ps)
-            fake = Batch(mode=ForwardMode.VERIFY, reqs=[], input_ids=[], extend_lens=[], prefix_lens=[0] * bs,
-                         page_table=[[r.mem.scratch_page] * pages] * bs, out_cache_loc=[],
-                         state_slots=[r.mem.scratch_slot] * bs, sample_rows=[], future_idx=[], sampling_states=[])
-            fb = self._forward_batch(fake, torch.zeros(bs * n, dtype=torch.long, device=dev), [n] * bs)
+        def step(lens: list[int]) -> None:
+            table = [[r.mem.scratch_page] * -(-n // ps) for n in lens]
+            fake = Batch(mode=ForwardMode.VERIFY, reqs=[], input_ids=[], extend_lens=[], prefix_lens=[0] * len(lens),
+                         page_table=table, out_cache_loc=[], state_slots=[r.mem.scratch_slot] * len(lens),
+                         sample_rows=[], future_idx=[], sampling_states=[])
+            fb = self._forward_batch(fake, torch.zeros(sum(lens), dtype=torch.long, device=dev), lens)
             r.model(fb)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
 
         with torch.inference_mode():
-            step(batch, self.gamma + 1)  # warm-up
+            step([self.gamma + 1] * batch)  # warm-up
             rows = StepProfile.measure(step, [batch], self.gamma, repeats=2).table[batch]
-        log.info("verify profile at batch %d: %s", batch, ", ".join(f"{t}:{s * 1e3:.1f}ms" for t, s in rows))
-        return rows
+        log.info("verify profile at batch %d (longest block: one / all): %s", batch,
+                 ", ".join(f"{L}:{one * 1e3:.1f}/{full * 1e3:.1f}ms" for L, (one, full) in rows.items()))
+        return [(L, one, full) for L, (one, full) in rows.items()]

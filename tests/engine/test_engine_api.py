@@ -126,3 +126,17 @@ def test_a_request_larger_than_the_pool_is_refused_not_hung(tiny64):
     assert done[big.rid].finish_reason["type"] == "abort" and "KV pages" in done[big.rid].finish_reason["message"]
     assert done[small.rid].output_ids == greedy_reference(tiny64, list(range(10)), 4)
     core.shutdown()
+
+
+@pytest.mark.parametrize("unified", [False, True])
+def test_shutdown_gives_the_pools_back(unified):
+    """After shutdown the engine holds no pool memory (on a GPU the next engine sizes its pools from what is free),
+    its counters stay readable, and a new engine in the same process serves."""
+    params = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
+    with Engine("k3-tiny", dtype="float32", skip_tokenizer_init=True, enable_unified_memory=unified) as first:
+        before = first.core.runner.mem.device_bytes()
+        out = first.generate(input_ids=[5, 6, 7], sampling_params=params)["output_ids"]
+    assert before > 0 and first.core.runner.mem.device_bytes() == 0
+    assert first.metrics()["num_running_reqs"] == 0
+    with Engine("k3-tiny", dtype="float32", skip_tokenizer_init=True, enable_unified_memory=unified) as second:
+        assert second.generate(input_ids=[5, 6, 7], sampling_params=params)["output_ids"] == out

@@ -50,7 +50,7 @@ def test_trained_like_drafter_accepts_and_planner_keeps_output(tiny64, drafter_d
     prompts = random_prompts(10, seed=3, lo=5, hi=30)
     core = spec_core(tiny64, drafter_dir, speculative_num_draft_tokens=4)
     worker = core.runner.spec
-    worker.profile = {16: [(16 * n, 1e-3 * (1 + 0.05 * n)) for n in range(1, 6)]}
+    worker.profile = {16: [(n, 1e-3 * (1 + 0.01 * n), 1e-3 * (1 + 0.05 * n)) for n in range(1, 6)]}
 
     # an oracle drafter: the reference greedy continuation, so acceptance is high and the planner has work
     def oracle(features, last_token, gamma, **kw):
@@ -100,9 +100,32 @@ def test_rejection_sampling_matches_the_target_distribution():
 
 
 def test_planner_keeps_positions_while_they_pay():
-    prof = StepProfile({16: [(16, 1.0), (32, 1.0), (48, 2.0), (64, 4.0)]})  # flat, then steep
+    # padded cost (the longest block sets the price): flat, then steep
+    prof = StepProfile({16: [(1, 1.0, 1.0), (2, 1.0, 1.0), (3, 2.0, 2.0), (4, 4.0, 4.0)]})
     planner = VerifyPlanner(prof)
     conf = torch.full((16, 3), 0.9)
     kept = planner.plan(conf, [3] * 16)
     assert kept == [1] * 16  # the first extra token is free, the second costs more than it brings
     assert VerifyPlanner(prof).plan(torch.full((4, 3), 0.9), [3] * 4) == [3] * 4  # below batch 8: no pruning
+    # the plan's predicted rate is never below verify-all's
+    for seed in range(20):
+        conf = torch.rand(16, 3, generator=torch.Generator().manual_seed(seed))
+        kept = planner.plan(conf, [3] * 16)
+        surv = torch.cumprod(conf.double(), 1)
+
+        def rate(k):
+            return (16 + sum(float(surv[r, :n].sum()) for r, n in enumerate(k))) / prof.cost(16, 16 + sum(k), 1 + max(k))
+
+        assert rate(kept) >= rate([3] * 16) - 1e-12
+
+
+def test_planner_prices_ragged_blocks():
+    """Packed cost (one long block among short ones is nearly free): confident requests keep their drafts, doubtful
+    ones are cut; under padded cost the same confidences keep all or nothing."""
+    conf = torch.cat([torch.full((8, 3), 0.95), torch.full((8, 3), 0.05)])
+    packed = StepProfile({16: [(L, 1.0 + 0.01 * L, 1.0 + 0.5 * (L - 1)) for L in range(1, 5)]})
+    kept = VerifyPlanner(packed).plan(conf, [3] * 16)
+    assert kept[:8] == [3] * 8 and kept[8:] == [0] * 8
+    padded = StepProfile({16: [(L, 1.0 + 0.5 * (L - 1), 1.0 + 0.5 * (L - 1)) for L in range(1, 5)]})
+    kept = VerifyPlanner(padded).plan(conf, [3] * 16)
+    assert len(set(kept[:8])) == 1 and max(kept) == max(kept[:8])
