@@ -84,7 +84,8 @@ def main() -> None:
     print("1. tokens per verify step (greedy, gamma = %d, up to %d new tokens, stopping at EOS)"
           % (args.gamma, NEW_TOKENS_ACCEPTANCE))
     for name, prompts in (sets.items() if 1 in sections else ()):
-        core = make(args, speculative_algorithm="dspark")
+        # every draft verified (the planner would cut positions; this measures the drafter)
+        core = make(args, speculative_algorithm="dspark", disable_verify_planner=True)
         reqs, _ = generate(core, prompts, NEW_TOKENS_ACCEPTANCE, ignore_eos=False)
         steps = sum(r.spec_verify_ct for r in reqs)
         per_step = (sum(r.spec_accepted for r in reqs) + steps) / steps
@@ -124,9 +125,9 @@ def main() -> None:
             res = {}
             for key, kw in sides:
                 core = make(args, max_running_requests=b, **kw)
-                # warm-up at the full batch: the planner's one-off profile of every batch bucket the run drains
-                # through is measured here, not in the timed run
-                generate(core, prompts, 16)
+                if core.runner.spec is not None:  # the planner's one-off profile, before the clock starts
+                    core.runner.spec.prepare_planner(b)
+                generate(core, prompts, 16)  # warm-up at the full batch
                 reqs, elapsed = generate(core, prompts, args.new_tokens // 2)
                 res[key] = len(prompts) * (args.new_tokens // 2) / elapsed
                 core.shutdown()

@@ -41,6 +41,8 @@ class ModelRunner:
 
             self.spec = SpecWorker(self, args.speculative_draft_model_path, args.speculative_num_draft_tokens,
                                    args.speculative_state_rollback, not args.disable_verify_planner)
+            if self.device.type == "cuda":  # like graph capture: profile the verify steps at start-up
+                self.spec.prepare_planner(min(args.max_running_requests, args.cuda_graph_max_bs))
         # sampled tokens the next batch may read before the scheduler has seen them
         self.future_size = 4 * args.max_running_requests + 16
         self.future = torch.zeros(self.future_size, dtype=torch.long, device=self.device)

@@ -121,9 +121,21 @@ class SpecWorker:
                             capture_layers=self.layers, spec_rollback=self.rollback)
 
     # ---- planning
+    @staticmethod
+    def _bucket(batch: int) -> int:
+        return 1 << (batch - 1).bit_length()
+
+    def prepare_planner(self, max_batch: int) -> None:
+        """Measure the profile of every batch bucket up to `max_batch` now (else each is measured the first time a
+        step of that size plans, which stalls that step)."""
+        if not self.use_planner:
+            return
+        for bucket in sorted({self._bucket(b) for b in range(PLANNER_MIN_BATCH, max_batch + 1)}):
+            if bucket not in self.profile:
+                self.profile[bucket] = self._measure(bucket)
+
     def _plan(self, confidence: torch.Tensor, max_drafts: list[int]) -> list[int]:
-        B = len(max_drafts)
-        bucket = 1 << (B - 1).bit_length()
+        bucket = self._bucket(len(max_drafts))
         if bucket not in self.profile:
             self.profile[bucket] = self._measure(bucket)
         return VerifyPlanner(StepProfile(self.profile), PLANNER_MIN_BATCH).plan(confidence, max_drafts)
