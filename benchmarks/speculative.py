@@ -25,15 +25,15 @@ from kestrel.config import ServerArgs
 from kestrel.engine.core import EngineCore
 from kestrel.models.presets import preset_config
 from kestrel.ops.kda.reference import kda_verify
-from kestrel.spec import distill
+from kestrel.spec import distill_data
 from kestrel.tokenizer import Tokenizer
 
 
 def heldout_prompts(tok: Tokenizer, n: int) -> dict[str, list[list[int]]]:
     """The drafter's own held-out prompts (held-out stdlib files cut at a line; held-out arithmetic problems, some in
     the chat format), as `kestrel distill` measures them."""
-    code = distill.code_prompts(tok, "heldout", n, seed=0)
-    maths = distill.arith_prompts(tok, "heldout", n, seed=0, chat_fraction=0.3)
+    code = distill_data.code_prompts(tok, "heldout", n, seed=0)
+    maths = distill_data.arith_prompts(tok, "heldout", n, seed=0, chat_fraction=0.3)
     return {"code": [p.ids for p in code], "arithmetic": [p.ids for p in maths]}
 
 

@@ -1,12 +1,6 @@
 """`kestrel distill`: distil the DSpark drafter from its target (the bundled k3-small by default).
 
-Data. Prompts from the target's training distribution (stdlib code snippets, arithmetic questions in the plain and
-chat formats; held-out code files and held-out problems for measurement), continued greedily by the target through
-the batched `kestrel.Engine`. One stateless forward of the target over each whole sequence then gives the features
-(the residual stream at `feature_layers`) and the target's greedy token at every position; where that reference
-disagrees with the engine (a numerical near-tie) the sequence is cut there, so every label is exactly what the
-reference would emit. A row is one draft step: features at position t, last committed token x[t+1], labels
-x[t+2 .. t+1+gamma] (-1 past the end), for every t from the last prompt position on.
+Data (`distill_data`): target-generated continuations of code and arithmetic prompts, one row per draft step.
 
 Training. Cross-entropy on the gamma positions with the sequential correction teacher-forced (the true previous
 tokens), weighted toward early positions (acceptance needs every earlier token right); binary cross-entropy for the
@@ -29,73 +23,66 @@ import dataclasses
 import functools
 import json
 import math
-import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from kestrel.models.forward_batch import ForwardBatch
 from kestrel.models.registry import ASSETS, BUNDLED, resolve
+from kestrel.spec.distill_data import DistillData, prepare_split, sequence_starts, target_forward
 from kestrel.spec.drafter import DSparkConfig, DSparkDrafter, default_feature_layers
-from kestrel.train import arith, corpus
-from kestrel.train.tokenizer_train import BOS, render_chat
-from kestrel.train.trainer import add_dataclass_args, resolve_device
+from kestrel.train.trainer import add_dataclass_args, flag_field, resolve_device
 
 DEFAULT_OUT = ASSETS / "k3-small-dspark"
 _SIZES = DSparkConfig()
-
-
-def _help(text: str, default):
-    return field(default=default, metadata={"help": text})
 
 
 @dataclass(frozen=True)
 class DistillArgs:
     """Every `kestrel distill` flag (argparse reads the fields and help strings)."""
 
-    target: str = _help("target checkpoint directory or preset", str(BUNDLED))
-    out: str = _help("where the drafter checkpoint goes", str(DEFAULT_OUT))
-    work_dir: str = _help("generated data and the resumable training state", "runs/dspark")
-    device: str = _help("cpu, cuda, cuda:N, or auto", "auto")
-    seed: int = _help("seeds prompts, initialisation and data order", 0)
-    code_prompts: int = _help("training prompts cut from stdlib files", 2400)
-    arith_prompts: int = _help("training arithmetic questions", 1500)
-    heldout_code: int = _help("held-out code prompts (from held-out stdlib files)", 100)
-    heldout_arith: int = _help("held-out arithmetic questions", 100)
-    chat_fraction: float = _help("fraction of arithmetic questions in the chat format", 0.3)
-    code_new_tokens: int = _help("greedy continuation length for code prompts", 96)
-    arith_new_tokens: int = _help("generation limit for arithmetic (they stop at their answer)", 256)
-    gen_batch: int = _help("prompts per engine call (one resumable chunk)", 200)
-    feature_layers: str = _help("target layers whose outputs feed the drafter (0-based, comma-separated), or "
+    target: str = flag_field("target checkpoint directory or preset", str(BUNDLED))
+    out: str = flag_field("where the drafter checkpoint goes", str(DEFAULT_OUT))
+    work_dir: str = flag_field("generated data and the resumable training state", "runs/dspark")
+    device: str = flag_field("cpu, cuda, cuda:N, or auto", "auto")
+    seed: int = flag_field("seeds prompts, initialisation and data order", 0)
+    code_prompts: int = flag_field("training prompts cut from stdlib files", 2400)
+    arith_prompts: int = flag_field("training arithmetic questions", 1500)
+    heldout_code: int = flag_field("held-out code prompts (from held-out stdlib files)", 100)
+    heldout_arith: int = flag_field("held-out arithmetic questions", 100)
+    chat_fraction: float = flag_field("fraction of arithmetic questions in the chat format", 0.3)
+    code_new_tokens: int = flag_field("greedy continuation length for code prompts", 96)
+    arith_new_tokens: int = flag_field("generation limit for arithmetic (they stop at their answer)", 256)
+    gen_batch: int = flag_field("prompts per engine call (one resumable chunk)", 200)
+    feature_layers: str = flag_field("target layers whose outputs feed the drafter (0-based, comma-separated), or "
                                 "auto: four spread over the depth (k3-small: 1,3,5,7)", "auto")
-    hidden_size: int = _help("drafter width", _SIZES.hidden_size)
-    num_layers: int = _help("drafter transformer layers over the slots", _SIZES.num_layers)
-    num_heads: int = _help("drafter attention heads", _SIZES.num_heads)
-    intermediate_size: int = _help("drafter SwiGLU width", _SIZES.intermediate_size)
-    correction_size: int = _help("sequential-correction MLP width", _SIZES.correction_size)
-    gamma: int = _help("draft positions trained (the drafter's gamma_max)", _SIZES.gamma_max)
-    steps: int = _help("optimizer steps (the schedule's length)", 3000)
-    batch_size: int = _help("rows (draft steps) per optimizer step", 256)
-    lr: float = _help("peak learning rate", 2e-3)
-    min_lr_ratio: float = _help("final learning rate as a fraction of the peak", 0.05)
-    warmup_steps: int = _help("linear warm-up steps", 100)
-    weight_decay: float = _help("AdamW weight decay (matrices)", 0.05)
-    grad_clip: float = _help("gradient norm clip", 1.0)
-    position_decay: float = _help("cross-entropy weight of draft position i is decay^(i-1)", 0.8)
-    confidence_weight: float = _help("weight of the confidence head's BCE", 0.3)
-    calib_fraction: float = _help("fraction of training sequences kept from the CE to train the confidence head", 0.1)
-    eval_every: int = _help("steps between held-out teacher-forced checks in the training log", 250)
-    eval_gamma: int = _help("block size of the held-out acceptance measurement", 7)
-    online_check: int = _help("held-out prompts also measured with the explicit verify loop (a cross-check)", 4)
-    max_minutes: float | None = _help("stop this session after so many minutes (resume with --resume)", None)
-    resume: bool = _help("continue training from WORK_DIR/train_state.pt", False)
-    prepare_only: bool = _help("generate and label the data, then stop", False)
-    eval_only: bool = _help("measure the drafter at --out on the held-out data, then stop", False)
-    progress: bool = _help("show progress bars", True)
+    hidden_size: int = flag_field("drafter width", _SIZES.hidden_size)
+    num_layers: int = flag_field("drafter transformer layers over the slots", _SIZES.num_layers)
+    num_heads: int = flag_field("drafter attention heads", _SIZES.num_heads)
+    intermediate_size: int = flag_field("drafter SwiGLU width", _SIZES.intermediate_size)
+    correction_size: int = flag_field("sequential-correction MLP width", _SIZES.correction_size)
+    gamma: int = flag_field("draft positions trained (the drafter's gamma_max)", _SIZES.gamma_max)
+    steps: int = flag_field("optimizer steps (the schedule's length)", 3000)
+    batch_size: int = flag_field("rows (draft steps) per optimizer step", 256)
+    lr: float = flag_field("peak learning rate", 2e-3)
+    min_lr_ratio: float = flag_field("final learning rate as a fraction of the peak", 0.05)
+    warmup_steps: int = flag_field("linear warm-up steps", 100)
+    weight_decay: float = flag_field("AdamW weight decay (matrices)", 0.05)
+    grad_clip: float = flag_field("gradient norm clip", 1.0)
+    position_decay: float = flag_field("cross-entropy weight of draft position i is decay^(i-1)", 0.8)
+    confidence_weight: float = flag_field("weight of the confidence head's BCE", 0.3)
+    calib_fraction: float = flag_field("fraction of training sequences kept from the CE to train the confidence head", 0.1)
+    eval_every: int = flag_field("steps between held-out teacher-forced checks in the training log", 250)
+    eval_gamma: int = flag_field("block size of the held-out acceptance measurement", 7)
+    online_check: int = flag_field("held-out prompts also measured with the explicit verify loop (a cross-check)", 4)
+    max_minutes: float | None = flag_field("stop this session after so many minutes (resume with --resume)", None)
+    resume: bool = flag_field("continue training from WORK_DIR/train_state.pt", False)
+    prepare_only: bool = flag_field("generate and label the data, then stop", False)
+    eval_only: bool = flag_field("measure the drafter at --out on the held-out data, then stop", False)
+    progress: bool = flag_field("show progress bars", True)
 
     def __post_init__(self):
         checks = {"steps": self.steps >= 1, "batch_size": self.batch_size >= 1, "lr": self.lr > 0,
@@ -120,212 +107,6 @@ class DistillArgs:
 
 def add_distill_args(parser: argparse.ArgumentParser) -> None:
     add_dataclass_args(parser, DistillArgs)
-
-
-# ---- prompts
-
-@dataclass(frozen=True)
-class Prompt:
-    kind: str  # "code" or "arith"
-    ids: list[int]
-
-
-def code_prompts(tokenizer, split: str, n: int, seed: int, min_tokens: int = 16, max_tokens: int = 96) -> list[Prompt]:
-    """n snippets of `split` stdlib files: <|bos|> + min..max tokens starting at a random line."""
-    files = corpus.stdlib_files(split)
-    if not files:
-        raise ValueError(f"no {split} stdlib files to cut code prompts from")
-    rng = random.Random(f"dspark-code-{split}-{seed}")
-    out = []
-    while len(out) < n:
-        _, text = rng.choice(files)
-        lines = text.splitlines(keepends=True)
-        start = rng.randrange(len(lines))
-        ids = tokenizer.encode("".join(lines[start : start + 60]), add_special_tokens=False)
-        if len(ids) >= min_tokens:
-            out.append(Prompt("code", [BOS] + ids[: rng.randint(min_tokens, max_tokens)]))
-    return out
-
-
-def arith_prompts(tokenizer, split: str, n: int, seed: int, chat_fraction: float) -> list[Prompt]:
-    """n questions of `split` (distinct for held-out), plain (`Question: ...`) or as a chat user turn."""
-    rng = random.Random(f"dspark-arith-{split}-{seed}")
-    problems = arith.heldout_problems(n, seed) if split == "heldout" else [arith.sample(rng, split) for _ in range(n)]
-    out = []
-    for p in problems:
-        if rng.random() < chat_fraction:
-            text = render_chat(p.chat_messages(rng)[:-1], add_generation_prompt=True)
-        else:
-            text = p.prompt
-        out.append(Prompt("arith", [BOS] + tokenizer.encode(text, add_special_tokens=False)))
-    return out
-
-
-def build_prompts(tokenizer, args: DistillArgs, split: str) -> list[Prompt]:
-    """The split's prompts, code and arithmetic interleaved by a seeded shuffle (every chunk holds both)."""
-    if split == "train":
-        prompts = code_prompts(tokenizer, "train", args.code_prompts, args.seed)
-        prompts += arith_prompts(tokenizer, "train", args.arith_prompts, args.seed, args.chat_fraction)
-    else:
-        prompts = code_prompts(tokenizer, "heldout", args.heldout_code, args.seed)
-        prompts += arith_prompts(tokenizer, "heldout", args.heldout_arith, args.seed, args.chat_fraction)
-    random.Random(f"dspark-order-{split}-{args.seed}").shuffle(prompts)
-    return prompts
-
-
-# ---- labelled data
-
-@dataclass
-class DistillData:
-    """Draft-step rows of target-generated sequences; the rows of sequence j are offsets[j]:offsets[j + 1], one per
-    position t = prompt_len - 1, ..., len - 2 in order."""
-
-    features: torch.Tensor  # [P, F] fp32: the target's features at t
-    last_token: torch.Tensor  # [P] int64: x[t + 1], committed, not yet seen by the target
-    targets: torch.Tensor  # [P, gamma] int64: x[t + 2 ..], -1 past the end of the sequence
-    offsets: list[int]
-    sequences: list[list[int]]
-    prompt_lens: list[int]
-    kinds: list[str]
-    ended: list[bool]  # the target stopped the sequence itself (a stop token), so it is complete
-    cut: int = 0  # sequences cut where the reference disagreed with the engine
-
-    @property
-    def num_rows(self) -> int:
-        return self.features.shape[0]
-
-    @classmethod
-    def concat(cls, parts: list["DistillData"]) -> "DistillData":
-        offsets, base = [0], 0
-        for p in parts:
-            offsets += [base + o for o in p.offsets[1:]]
-            base += p.num_rows
-        return cls(torch.cat([p.features for p in parts]), torch.cat([p.last_token for p in parts]),
-                   torch.cat([p.targets for p in parts]), offsets, [s for p in parts for s in p.sequences],
-                   [n for p in parts for n in p.prompt_lens], [k for p in parts for k in p.kinds],
-                   [e for p in parts for e in p.ended], sum(p.cut for p in parts))
-
-    def subset(self, kind: str) -> "DistillData":
-        """The sequences of one kind (rows included)."""
-        keep = [j for j, k in enumerate(self.kinds) if k == kind]
-        rows = torch.cat([torch.arange(self.offsets[j], self.offsets[j + 1]) for j in keep]) if keep else \
-            torch.zeros(0, dtype=torch.long)
-        offsets = [0]
-        for j in keep:
-            offsets.append(offsets[-1] + self.offsets[j + 1] - self.offsets[j])
-        pick = lambda xs: [xs[j] for j in keep]  # noqa: E731
-        return DistillData(self.features[rows], self.last_token[rows], self.targets[rows], offsets,
-                           pick(self.sequences), pick(self.prompt_lens), pick(self.kinds), pick(self.ended))
-
-
-def target_forward(model, sequences: list[list[int]], layers: tuple[int, ...], logit_rows: list[list[int]] | None = None):
-    """The stateless reference forward over packed sequences: (features [T, F] in layer order, argmax tokens at
-    the requested rows of each sequence (all when None), as one flat tensor)."""
-    device = model.lm_head.weight.device
-    fb = ForwardBatch.full_sequences(sequences, device=device)
-    fb.capture_layers = layers
-    if logit_rows is not None:
-        starts = fb.cu_seqlens
-        fb.logits_indices = torch.tensor([starts[j] + r for j, rows in enumerate(logit_rows) for r in rows],
-                                         dtype=torch.long, device=device)
-    out = model(fb)
-    features = torch.cat([out.captured[l] for l in layers], -1)
-    return features, out.logits.argmax(-1)
-
-
-@torch.no_grad()
-def label_sequences(model, sequences: list[list[int]], prompt_lens: list[int], kinds: list[str],
-                    ended: list[bool], layers: tuple[int, ...], gamma: int,
-                    max_tokens_per_forward: int = 4096) -> DistillData:
-    """Rows for target-generated sequences (prompt + greedy continuation). A sequence whose continuation differs
-    from the reference's greedy choice at some position is cut there (and no longer counts as ended)."""
-    parts, cut = [], 0
-    seqs, lens, ends = [list(s) for s in sequences], list(prompt_lens), list(ended)
-    batches, cur, size = [], [], 0
-    for j, s in enumerate(seqs):
-        if cur and size + len(s) > max_tokens_per_forward:
-            batches.append(cur)
-            cur, size = [], 0
-        cur.append(j)
-        size += len(s)
-    if cur:
-        batches.append(cur)
-    for batch in batches:
-        rows = [list(range(lens[j] - 1, len(seqs[j]) - 1)) for j in batch]
-        features, greedy = target_forward(model, [seqs[j] for j in batch], layers, rows)
-        starts = _starts([seqs[j] for j in batch])
-        g = 0
-        for k, j in enumerate(batch):
-            s, n = seqs[j], len(rows[k])
-            ref = greedy[g : g + n].tolist()
-            g += n
-            bad = next((i for i, (a, b) in enumerate(zip(ref, s[lens[j]:])) if a != b), None)
-            if bad is not None:
-                cut += 1
-                seqs[j], ends[j], n = s[: lens[j] + bad], False, bad
-            parts.append(_rows(features[starts[k] + lens[j] - 1 : starts[k] + lens[j] - 1 + n], seqs[j], lens[j],
-                               gamma))
-    feats = torch.cat([p[0] for p in parts]) if parts else torch.zeros(0, len(layers) * model.cfg.hidden_size)
-    offsets = [0]
-    for p in parts:
-        offsets.append(offsets[-1] + p[0].shape[0])
-    return DistillData(feats.float().cpu(), torch.cat([p[1] for p in parts]) if parts else
-                       torch.zeros(0, dtype=torch.long), torch.cat([p[2] for p in parts]) if parts else
-                       torch.zeros(0, gamma, dtype=torch.long), offsets, seqs, lens, list(kinds), ends, cut)
-
-
-def _starts(sequences: list[list[int]]) -> list[int]:
-    """Where each sequence starts in a packed forward (cumulative lengths)."""
-    out = [0]
-    for s in sequences:
-        out.append(out[-1] + len(s))
-    return out
-
-
-def _rows(features: torch.Tensor, seq: list[int], prompt_len: int, gamma: int):
-    """(features, last tokens, targets) of the rows t = prompt_len - 1 .. prompt_len - 2 + len(features)."""
-    n = features.shape[0]
-    s = torch.tensor(seq + [-1] * (gamma + 1), dtype=torch.long)
-    t = torch.arange(prompt_len - 1, prompt_len - 1 + n)
-    targets = s[(t + 2)[:, None] + torch.arange(gamma)]
-    return features, s[t + 1], targets
-
-
-def _chunk_path(work: Path, split: str, k: int) -> Path:
-    return work / split / f"chunk_{k:04d}.pt"
-
-
-def prepare_split(args: DistillArgs, split: str, engine, model, tokenizer, progress: bool) -> DistillData:
-    """Generate (engine) and label (reference forward) the split chunk by chunk; finished chunks are reused."""
-    work = Path(args.work_dir)
-    (work / split).mkdir(parents=True, exist_ok=True)
-    meta = {k: getattr(args, k) for k in ("target", "seed", "code_prompts", "arith_prompts", "heldout_code",
-                                          "heldout_arith", "chat_fraction", "code_new_tokens", "arith_new_tokens",
-                                          "gen_batch", "feature_layers", "gamma")}
-    meta_path = work / split / "meta.json"
-    if meta_path.exists() and json.loads(meta_path.read_text()) != meta:
-        raise ValueError(f"{work / split} was prepared with other settings ({meta_path}): use a fresh --work-dir")
-    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
-    prompts = build_prompts(tokenizer, args, split)
-    chunks = [prompts[i : i + args.gen_batch] for i in range(0, len(prompts), args.gen_batch)]
-    stop_ids = set(model.cfg.eos_token_ids)
-    parts = []
-    for k, chunk in enumerate(tqdm(chunks, desc=f"{split} data", unit="chunk", disable=not progress)):
-        path = _chunk_path(work, split, k)
-        if not path.exists():
-            limits = [args.code_new_tokens if p.kind == "code" else args.arith_new_tokens for p in chunk]
-            outs = engine.generate(input_ids=[p.ids for p in chunk],
-                                   sampling_params=[{"max_new_tokens": n, "temperature": 0} for n in limits])
-            outs = outs if isinstance(outs, list) else [outs]
-            seqs = [p.ids + o["output_ids"] for p, o in zip(chunk, outs)]
-            ended = [bool(o["output_ids"]) and o["output_ids"][-1] in stop_ids for o in outs]
-            data = label_sequences(model, seqs, [len(p.ids) for p in chunk], [p.kind for p in chunk], ended,
-                                   args.layers(model.cfg.num_hidden_layers), args.gamma)
-            tmp = path.with_suffix(".tmp")
-            torch.save({f.name: getattr(data, f.name) for f in dataclasses.fields(data)}, tmp)
-            tmp.rename(path)
-        parts.append(DistillData(**torch.load(path, weights_only=False)))
-    return DistillData.concat(parts)
 
 
 # ---- training
@@ -495,7 +276,7 @@ def measure_acceptance(drafter: DSparkDrafter, data: DistillData, gamma: int, ba
     cursor = {j: 0 for j in range(len(data.sequences)) if data.offsets[j + 1] > data.offsets[j]}
     steps = committed = 0
     hist = [0] * (gamma + 1)
-    conf_rows, hit_rows = [], []  # per reached position: predicted confidence, accepted
+    conf_rows = []  # per reached position: predicted confidence, accepted, position
     while cursor:
         active = []
         for j, r in list(cursor.items()):
@@ -562,7 +343,7 @@ def measure_acceptance_online(model, drafter: DSparkDrafter, prompts: list[list[
     limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     seqs = [list(p) for p in prompts]
     features, greedy = target_forward(model, seqs, layers, [[len(s) - 1] for s in seqs])
-    starts = _starts(seqs)
+    starts = sequence_starts(seqs)
     feat = {j: features[starts[j + 1] - 1] for j in range(len(seqs))}
     for j, tok in enumerate(greedy.tolist()):
         seqs[j].append(tok)
@@ -580,7 +361,7 @@ def measure_acceptance_online(model, drafter: DSparkDrafter, prompts: list[list[
         verify = [seqs[j] + d for j, d in zip(active, draft)]
         rows = [list(range(len(seqs[j]) - 1, len(seqs[j]) + gamma)) for j in active]
         features, greedy = target_forward(model, verify, layers, rows)
-        starts = _starts(verify)
+        starts = sequence_starts(verify)
         greedy = greedy.view(len(active), gamma + 1).tolist()
         for k, (j, d) in enumerate(zip(active, draft)):
             a = next((i for i in range(gamma) if d[i] != greedy[k][i]), gamma)

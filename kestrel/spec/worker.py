@@ -128,16 +128,17 @@ class SpecWorker:
     def prepare_planner(self, max_batch: int) -> None:
         """Measure the profile of every batch bucket up to `max_batch` now (else each is measured the first time a
         step of that size plans, which stalls that step)."""
-        if not self.use_planner:
-            return
-        for bucket in sorted({self._bucket(b) for b in range(PLANNER_MIN_BATCH, max_batch + 1)}):
-            if bucket not in self.profile:
-                self.profile[bucket] = self._measure(bucket)
+        if self.use_planner:
+            for batch in range(PLANNER_MIN_BATCH, max_batch + 1):
+                self._profiled(batch)
 
-    def _plan(self, confidence: torch.Tensor, max_drafts: list[int]) -> list[int]:
-        bucket = self._bucket(len(max_drafts))
+    def _profiled(self, batch: int) -> None:
+        bucket = self._bucket(batch)
         if bucket not in self.profile:
             self.profile[bucket] = self._measure(bucket)
+
+    def _plan(self, confidence: torch.Tensor, max_drafts: list[int]) -> list[int]:
+        self._profiled(len(max_drafts))
         return VerifyPlanner(StepProfile(self.profile), PLANNER_MIN_BATCH).plan(confidence, max_drafts)
 
     def _measure(self, batch: int) -> list[tuple[int, float, float]]:

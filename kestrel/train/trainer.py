@@ -41,43 +41,44 @@ CALIBRATE_FROM = 5
 RECALIBRATE_EVERY = 200
 
 
-def _help(text: str, **kw):
-    return field(metadata={"help": text}, **kw)
+def flag_field(text: str, default=dataclasses.MISSING, **kw):
+    """A field of a flags dataclass: its default and its --help text (read by add_dataclass_args)."""
+    return field(default=default, metadata={"help": text}, **kw)
 
 
 @dataclass(frozen=True)
 class TrainArgs:
     """Every `kestrel train` flag (argparse reads the fields and help strings)."""
 
-    out: str = _help("run directory: tokenizer/, data/, ckpt.pt and the final model/", default="runs/k3-small")
-    preset: str = _help("model preset to train", default="k3-small")
-    model_overrides: str | None = _help("JSON object of config fields to override (tiny test runs)", default=None)
-    device: str = _help("cpu, cuda, cuda:N, or auto", default="auto")
-    seed: int = _help("seeds initialisation, data order and arithmetic problems", default=0)
-    max_steps: int = _help("step budget (also the schedule's length when no --max-minutes)", default=20_000)
-    max_minutes: float | None = _help("wall-clock budget for the training loop (data preparation excluded)",
+    out: str = flag_field("run directory: tokenizer/, data/, ckpt.pt and the final model/", default="runs/k3-small")
+    preset: str = flag_field("model preset to train", default="k3-small")
+    model_overrides: str | None = flag_field("JSON object of config fields to override (tiny test runs)", default=None)
+    device: str = flag_field("cpu, cuda, cuda:N, or auto", default="auto")
+    seed: int = flag_field("seeds initialisation, data order and arithmetic problems", default=0)
+    max_steps: int = flag_field("step budget (also the schedule's length when no --max-minutes)", default=20_000)
+    max_minutes: float | None = flag_field("wall-clock budget for the training loop (data preparation excluded)",
                                       default=None)
-    batch_size: int = _help("sequences per step", default=64)
-    seq_len: int = _help("tokens per sequence", default=512)
-    lr: float = _help("peak learning rate", default=2e-3)
-    min_lr_ratio: float = _help("final learning rate as a fraction of the peak", default=0.1)
-    warmup_steps: int = _help("linear warm-up steps", default=150)
-    weight_decay: float = _help("AdamW weight decay (matrices and embeddings only)", default=0.1)
-    grad_clip: float = _help("gradient norm clip", default=1.0)
-    init_std: float = _help("std of the normal init of linear layers and embeddings", default=0.02)
-    router_bias_rate: float = _help("step of the auxiliary-loss-free expert balancing bias update", default=1e-3)
-    arith_fraction: float = _help("fraction of blocks drawn from arithmetic documents", default=0.5)
-    chat_fraction: float = _help("fraction of arithmetic documents written as chat transcripts", default=0.3)
-    arith_docs: int = _help("arithmetic documents generated for the corpus", default=500_000)
-    code_files: int | None = _help("use only the first N stdlib files (quick runs)", default=None)
-    code_tests: bool = _help("include the stdlib's test suites in the code corpus", default=True)
-    tokenizer: str | None = _help("an existing tokenizer directory instead of training one", default=None)
-    precision: str = _help("CUDA matmul precision: bf16 (autocast) or fp32 (TF32)", default="bf16")
-    save_every: int = _help("steps between checkpoints", default=500)
-    resume: bool = _help("continue from OUT/ckpt.pt", default=False)
-    prepare_only: bool = _help("build the tokenizer and corpus into OUT, then stop", default=False)
-    export: str | None = _help("where the final model goes (default OUT/model)", default=None)
-    progress: bool = _help("show a progress bar", default=True)
+    batch_size: int = flag_field("sequences per step", default=64)
+    seq_len: int = flag_field("tokens per sequence", default=512)
+    lr: float = flag_field("peak learning rate", default=2e-3)
+    min_lr_ratio: float = flag_field("final learning rate as a fraction of the peak", default=0.1)
+    warmup_steps: int = flag_field("linear warm-up steps", default=150)
+    weight_decay: float = flag_field("AdamW weight decay (matrices and embeddings only)", default=0.1)
+    grad_clip: float = flag_field("gradient norm clip", default=1.0)
+    init_std: float = flag_field("std of the normal init of linear layers and embeddings", default=0.02)
+    router_bias_rate: float = flag_field("step of the auxiliary-loss-free expert balancing bias update", default=1e-3)
+    arith_fraction: float = flag_field("fraction of blocks drawn from arithmetic documents", default=0.5)
+    chat_fraction: float = flag_field("fraction of arithmetic documents written as chat transcripts", default=0.3)
+    arith_docs: int = flag_field("arithmetic documents generated for the corpus", default=500_000)
+    code_files: int | None = flag_field("use only the first N stdlib files (quick runs)", default=None)
+    code_tests: bool = flag_field("include the stdlib's test suites in the code corpus", default=True)
+    tokenizer: str | None = flag_field("an existing tokenizer directory instead of training one", default=None)
+    precision: str = flag_field("CUDA matmul precision: bf16 (autocast) or fp32 (TF32)", default="bf16")
+    save_every: int = flag_field("steps between checkpoints", default=500)
+    resume: bool = flag_field("continue from OUT/ckpt.pt", default=False)
+    prepare_only: bool = flag_field("build the tokenizer and corpus into OUT, then stop", default=False)
+    export: str | None = flag_field("where the final model goes (default OUT/model)", default=None)
+    progress: bool = flag_field("show a progress bar", default=True)
 
     def __post_init__(self):
         checks = {"batch_size": self.batch_size >= 1, "seq_len": self.seq_len >= 2, "max_steps": self.max_steps >= 1,

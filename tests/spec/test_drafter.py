@@ -7,8 +7,9 @@ from safetensors.torch import load_file, save_file
 
 from kestrel.models.k3 import K3ForCausalLM
 from kestrel.models.presets import init_random, preset_config
-from kestrel.spec.distill import (DistillArgs, batch_rows, calibration, label_sequences, measure_acceptance,
-                                  measure_acceptance_online, split_rows, teacher_forced_stats, train_drafter)
+from kestrel.spec.distill import (DistillArgs, batch_rows, calibration, measure_acceptance, measure_acceptance_online,
+                                  split_rows, teacher_forced_stats, train_drafter)
+from kestrel.spec.distill_data import label_sequences
 from kestrel.spec.drafter import DSparkConfig, DSparkDrafter, default_feature_layers
 
 SMALL = dict(target_hidden_size=32, feature_layers=(0, 2), vocab_size=96, hidden_size=24, num_layers=2,
