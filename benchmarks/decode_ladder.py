@@ -26,7 +26,7 @@ from kestrel.mem.pools import KVPool, Memory, StatePool  # noqa: E402
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from kestrel.models.k3 import K3ForCausalLM  # noqa: E402
 from kestrel.models.presets import kimi_linear_subset, preset_config  # noqa: E402
-from kestrel.ops import reference_ops  # noqa: E402
+from kestrel.ops import linear as linear_ops, reference_ops  # noqa: E402
 
 DT = torch.bfloat16
 
@@ -99,6 +99,8 @@ def ladder(cfg, model, args, log, floor_s):
         rows.append((name, t, 1 / t, floor_s / t))
         log(f"stage {name:<44} {t * 1e3:8.3f} ms/step {1 / t:8.1f} tok/s  floor fraction {floor_s / t:6.1%}")
 
+    gemv = linear_ops.GEMV_MAX_M
+    linear_ops.GEMV_MAX_M = 0  # the stages before the GEMV one: every linear layer on cuBLAS
     with reference_ops():
         stage("eager, reference ops", lambda: model(fb), 5)
     stage("eager, Triton kernels", lambda: model(fb), 10)
@@ -120,12 +122,39 @@ def ladder(cfg, model, args, log, floor_s):
     runner.capture()
     stage("CUDA graph, + fused projection GEMMs", lambda: runner.run(fb), 50)
     del runner
+    linear_ops.GEMV_MAX_M = gemv
+    runner = DecodeGraphRunner(model, setup.mem, batch_sizes=(1,), max_pages_per_seq=setup.page_table.shape[1])
+    runner.capture()
+    stage("CUDA graph, + Triton GEMV linears (M <= 8)", lambda: runner.run(fb), 50)
+    del runner
     kernel_breakdown(lambda: model(fb), log)
+    verify_step(cfg, model, setup, args, log)
     del setup
     return rows
 
 
-def kernel_breakdown(step, log, steps: int = 3, top: int = 14):
+@torch.no_grad()
+def verify_step(cfg, model, setup, args, log, block: int = 8):
+    """A speculative verify step at batch 1 (one block of `block` tokens, CUDA graph) against the decode step:
+    what a verify costs relative to one plain token, the number DSpark's batch-1 speed-up divides by."""
+    from kestrel.engine.cuda_graph import VerifyGraphRunner
+
+    ps, ctx = setup.ps, setup.ctx
+    row = setup.page_table[0].tolist()
+    locs = [row[(ctx + i) // ps] * ps + (ctx + i) % ps for i in range(block)]
+    fb = ForwardBatch(ForwardMode.VERIFY, torch.randint(3, cfg.vocab_size, (block,), device="cuda"),
+                      torch.arange(ctx, ctx + block, device="cuda"), [block], [ctx], mem=setup.mem,
+                      page_table=setup.page_table[:1], out_cache_loc=torch.tensor(locs, device="cuda"),
+                      state_slots=setup.slots[:1], verify_lens_t=torch.tensor([block], dtype=torch.int32, device="cuda"),
+                      key_lens_t=torch.arange(ctx + 1, ctx + block + 1, dtype=torch.int32, device="cuda"))
+    runner = VerifyGraphRunner(model, setup.mem, (1,), block, setup.page_table.shape[1], ())
+    t = cuda_time(lambda: runner.run(fb), warmup=2, iters=30)
+    log(f"verify step, CUDA graph, batch 1, block {block}: {t * 1e3:.3f} ms")
+    kernel_breakdown(lambda: model(fb), log, top=10, label=f"verify block {block}")
+    del runner
+
+
+def kernel_breakdown(step, log, steps: int = 3, top: int = 24, label: str = "decode"):
     """GPU time per decode step by kernel name (eager, so the kernels are the graph's kernels without the gaps)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -142,7 +171,7 @@ def kernel_breakdown(step, log, steps: int = 3, top: int = 14):
             agg[e.name] = (n + 1, t + e.device_time)
     total = sum(t for _, t in agg.values()) / steps
     launches = sum(n for n, _ in agg.values()) / steps
-    log(f"kernel time per step (eager, fused): {total:.0f} us in {launches:.0f} launches")
+    log(f"kernel time per step ({label}, eager, fused): {total:.0f} us in {launches:.0f} launches")
     for name, (n, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:top]:
         log(f"  {t / steps:8.1f} us  {n / steps:6.1f}x  {name[:90]}")
 

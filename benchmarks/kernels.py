@@ -142,6 +142,50 @@ def bench_gemv(log):
             f"{N * K * 2 / ours / 1e12:.2f} vs {N * K * 2 / cub / 1e12:.2f} TB/s; rel err {err:.1e}")
 
 
+def bench_cold(log):
+    """Decode-batch GEMVs with the weights streamed from HBM, as in the model: each graph cycles through enough
+    copies of a weight (or of an expert set) to overflow the 60 MB L2. Sweeps the tiles; cuBLAS alongside."""
+    from kestrel.models.layers.linear import ExpertWeights
+    from kestrel.ops.linear import triton as lin_t
+
+    def cycle(fn, n):
+        return lambda: [fn(i) for i in range(n)]
+
+    for N, K, what in [(8336, 2048, "KDA fused in-proj"), (2048, 2048, "o_proj"), (2048, 1024, "latent up")]:
+        n = max(2, (256 << 20) // (N * K * 2))
+        ws = [torch.randn(N, K, device="cuda").to(BF) for _ in range(n)]
+        for M in (1, 8):
+            x = torch.randn(M, K, device="cuda").to(BF)
+            cub = graph_time(cycle(lambda i: torch.nn.functional.linear(x, ws[i]), n), iters=4) / n
+            for tile in ((4, 512), (8, 512), (16, 256), (8, 256), (16, 512)):
+                lin_t.TILE = tile
+                t = graph_time(cycle(lambda i: lin_t.linear(x, ws[i]), n), iters=4) / n
+                row(log, f"gemv cold M={M} tile={tile}", f"{what} {N}x{K}", t, cub, "cuBLAS",
+                    f"{N * K * 2 / t / 1e12:.2f} vs {N * K * 2 / cub / 1e12:.2f} TB/s")
+            lin_t.TILE = None
+        del ws
+    E, D, I, k = 128, 1024, 512, 8
+    act = moe_ref.Activation("situ", 4.0, 25.0)
+    sets = []
+    for _ in range(6):
+        ew = ExpertWeights(E, D, I, False, BF).cuda()
+        with torch.no_grad():
+            for name in ("w1", "w2", "w3"):
+                getattr(ew, name).normal_(std=0.03)
+        sets.append(ew)
+    x = torch.randn(1, D, device="cuda").to(BF)
+    routes = [moe_t.route(torch.randn(1, E, device="cuda"), None, k, True, 2.5) for _ in sets]
+    up0, down0 = moe_t.GEMV_UP_ROWS, moe_t.GEMV_DOWN_ROWS
+    wbytes = k * 3 * D * I * 2
+    for up in (4, 8, 16):
+        for down in (2, 4, 8):
+            moe_t.GEMV_UP_ROWS, moe_t.GEMV_DOWN_ROWS = (up, up), down
+            t = graph_time(cycle(lambda i: moe_t.moe_experts(x, sets[i], *routes[i], act), len(sets)), iters=4) / len(sets)
+            row(log, f"moe gemv cold up={up} down={down}", "T=1 E=128 k=8 1024<->512", t,
+                note=f"{wbytes / t / 1e12:.2f} TB/s of expert weights")
+    moe_t.GEMV_UP_ROWS, moe_t.GEMV_DOWN_ROWS = up0, down0
+
+
 def bench_mla_splits(log):
     """Split count of the paged MLA decode at batch 1, ctx 1024 (the ladder's shape), graph-timed."""
     H, R, DR, PS, ctx = 16, 512, 64, 64, 1024
@@ -208,7 +252,7 @@ def main():
         log(f"flash-linear-attention unavailable: {e}")
         fla = None
     heads = [int(h) for h in args.heads.split(",")]
-    sections = {"gemv": lambda: bench_gemv(log), "splits": lambda: bench_mla_splits(log),
+    sections = {"gemv": lambda: bench_gemv(log), "cold": lambda: bench_cold(log), "splits": lambda: bench_mla_splits(log),
                 "mla": lambda: bench_mla(log, args.quick), "moe": lambda: bench_moe(log, args.quick),
                 "decode": lambda: bench_decode(log, fla, args.quick),
                 "chunk": lambda: bench_chunk(log, fla, args.quick, heads)}

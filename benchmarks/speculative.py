@@ -58,6 +58,31 @@ def generate(core: EngineCore, prompts, new: int, ignore_eos: bool = True):
     return reqs, time.perf_counter() - start
 
 
+def step_phases(args, prompts) -> dict[str, float]:
+    """Where a batch-1 speculative step's wall time goes (draft, verify, accept, fold; the worker's profiler ranges),
+    and the plain decode step beside it, in ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {}
+    for key in ("plain", "dspark"):
+        core = make(args, max_running_requests=1, **({"speculative_algorithm": "dspark"} if key == "dspark" else {}))
+        generate(core, prompts[:1], 8)  # warm-up
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+        with profile(activities=acts) as prof:
+            reqs, elapsed = generate(core, prompts, args.new_tokens)
+        core.shutdown()
+        if key == "plain":
+            out["plain token"] = elapsed / (len(prompts) * args.new_tokens) * 1e3
+            continue
+        steps = sum(r.spec_verify_ct for r in reqs)
+        for e in prof.key_averages():
+            if e.key.startswith("spec."):
+                out[e.key[5:]] = e.cpu_time_total / 1e3 / steps
+        out["whole step"] = elapsed / steps * 1e3
+        out["tokens per step"] = sum(len(r.output_ids) for r in reqs) / steps
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="target (default: the bundled k3-small)")
@@ -114,6 +139,9 @@ def main() -> None:
         plain, spec = statistics.median(times["plain"]), statistics.median(times["dspark"])
         print(f"   plain {plain:.1f} tok/s, DSpark {spec:.1f} tok/s: x{spec / plain:.2f}")
         report["batch1"] = {"plain": plain, "dspark": spec, "speedup": spec / plain}
+        report["batch1_phases_ms"] = phases = step_phases(args, prompts[:4])
+        print("   one speculative step at batch 1, wall ms per verify step: "
+              + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
 
     if 3 in sections:
         print("3. throughput against batch size (output tok/s)")
@@ -126,7 +154,7 @@ def main() -> None:
             for key, kw in sides:
                 core = make(args, max_running_requests=b, **kw)
                 if core.runner.spec is not None:  # the planner's one-off profile, before the clock starts
-                    core.runner.spec.prepare_planner(b)
+                    core.runner.spec.prepare(b)
                 generate(core, prompts, 16)  # warm-up at the full batch
                 reqs, elapsed = generate(core, prompts, args.new_tokens // 2)
                 res[key] = len(prompts) * (args.new_tokens // 2) / elapsed

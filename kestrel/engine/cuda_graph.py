@@ -1,4 +1,5 @@
-"""CUDA-graph decode: one captured `model(ForwardBatch(DECODE))` per batch-size bucket, replayed with padding.
+"""CUDA graphs: decode (one captured `model(ForwardBatch(DECODE))` per batch-size bucket) and speculative verify
+(one per batch-size bucket and block length, captured on first use), replayed with padding.
 
 Each bucket's graph reads static input buffers (token ids, positions, page table, state slots, sequence lengths,
 cache locations); `run` copies a batch into them, pads up to the bucket with rows that point at the memory's
@@ -10,6 +11,7 @@ values that change between steps: decode kernels read `fb.seq_lens_t`, never `fb
 import torch
 
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode
+from kestrel.ops.kda import KDAReplay
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -44,22 +46,9 @@ class DecodeGraphRunner:
     def capture(self) -> None:
         """Capture every bucket, largest first, sharing one memory pool. Padding rows point at scratch page/slot 0,
         and the scratch slot is overwritten by the warm-up, so capture changes no live request's state."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for bs in reversed(self.batch_sizes):
-                fb = self._batch(bs)
-                # warm-up outside the graph: Triton compiles, cuBLAS picks its kernels, lazy buffers get allocated
-                self.model(fb)
-                self.model(fb)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=self.pool, stream=stream):
-                    self.outputs[bs] = self.model(fb)
-                if self.pool is None:
-                    self.pool = g.pool()
-                self.graphs[bs] = g
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
+        for bs in reversed(self.batch_sizes):
+            fb = self._batch(bs)
+            self.graphs[bs], self.outputs[bs], self.pool = capture(lambda: self.model(fb), self.pool)
 
     def bucket(self, bs: int) -> int | None:
         return next((b for b in self.batch_sizes if b >= bs), None)
@@ -98,3 +87,158 @@ class DecodeGraphRunner:
         out = self.outputs[b]
         logits = out.logits[:bs] if fb.logits_indices is None else out.logits[fb.logits_indices]
         return type(out)(logits, out.hidden[:bs], {})
+
+
+@torch.no_grad()
+def capture(fn, pool):
+    """Warm up and capture fn() on a side stream into `pool` (None: a new one); returns (graph, output, pool).
+    The warm-up runs outside the graph: Triton compiles, cuBLAS picks its kernels, lazy buffers get allocated."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        fn()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool, stream=stream):
+            out = fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    return g, out, pool if pool is not None else g.pool()
+
+
+class VerifyGraphRunner:
+    """CUDA-graph speculative verify: `model(ForwardBatch(VERIFY))` over blocks of one length L, per (batch-size
+    bucket, L), captured the first time that pair runs (start-up warms the ones the engine will use).
+
+    The forward reads only device inputs (token ids, positions, cache locations, page table, state slots, the real
+    tokens per block, the keys per token), so one graph serves any mix of block lengths up to L. Padding rows verify
+    nothing (zero real tokens) on the scratch slot and page. Outputs, the captured feature layers and the per-layer
+    replay records are the graph's static tensors: valid until the next replay of the same graph.
+    """
+
+    def __init__(self, model, mem, batch_sizes, max_block: int, max_pages_per_seq: int,
+                 capture_layers: tuple[int, ...], device: torch.device | str = "cuda"):
+        self.model, self.mem = model, mem
+        self.batch_sizes = sorted(set(int(b) for b in batch_sizes))
+        self.max_block, self.max_pages = max_block, max_pages_per_seq
+        self.capture_layers = tuple(capture_layers)
+        n = self.batch_sizes[-1]
+        T = n * max_block
+        dev = torch.device(device)
+        self.scratch_page, self.scratch_slot = mem.scratch_page, mem.scratch_slot
+        self.scratch_loc = mem.scratch_page * mem.page_size
+        self.input_ids = torch.zeros(T, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(T, dtype=torch.long, device=dev)
+        self.out_cache_loc = torch.full((T,), self.scratch_loc, dtype=torch.long, device=dev)
+        self.key_lens = torch.ones(T, dtype=torch.int32, device=dev)
+        self.page_table = torch.full((n, max_pages_per_seq), self.scratch_page, dtype=torch.int32, device=dev)
+        self.state_slots = torch.full((n,), self.scratch_slot, dtype=torch.long, device=dev)
+        self.verify_lens = torch.zeros(n, dtype=torch.int32, device=dev)
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int], tuple] = {}
+        self.pool = None
+
+    def _batch(self, bs: int, L: int) -> ForwardBatch:
+        T = bs * L
+        return ForwardBatch(ForwardMode.VERIFY, self.input_ids[:T], self.positions[:T], [L] * bs, [0] * bs,
+                            mem=self.mem, page_table=self.page_table[:bs], out_cache_loc=self.out_cache_loc[:T],
+                            state_slots=self.state_slots[:bs], capture_layers=self.capture_layers,
+                            verify_lens_t=self.verify_lens[:bs], key_lens_t=self.key_lens[:T])
+
+    def bucket(self, bs: int) -> int | None:
+        return next((b for b in self.batch_sizes if b >= bs), None)
+
+    def can_run(self, fb: ForwardBatch) -> bool:
+        return (fb.mode == ForwardMode.VERIFY and fb.mem is self.mem and fb.spec_rollback == "replay"
+                and self.bucket(fb.batch_size) is not None and fb.extend_lens[0] <= self.max_block
+                and tuple(fb.capture_layers) == self.capture_layers and fb.verify_lens_t is not None
+                and fb.key_lens_t is not None and fb.page_table.shape[1] <= self.max_pages)
+
+    def ensure(self, bs: int, L: int) -> None:
+        """Capture the graph of (bucket of bs, L) now if it does not exist yet."""
+        key = (self.bucket(bs), L)
+        if key not in self.graphs:
+            self._pad(0, key[0], L)
+            fb = self._batch(*key)
+            self.graphs[key], out, self.pool = capture(lambda: self.model(fb), self.pool)
+            self.outputs[key] = (out, dict(fb.replay))
+
+    def _pad(self, bs: int, b: int, L: int) -> None:
+        """Rows bs..b verify nothing: zero real tokens, one key, on the scratch page and slot."""
+        if b > bs:
+            self.input_ids[bs * L : b * L].zero_()
+            self.positions[bs * L : b * L].zero_()
+            self.out_cache_loc[bs * L : b * L].fill_(self.scratch_loc)
+            self.key_lens[bs * L : b * L].fill_(1)
+            self.page_table[bs:b].fill_(self.scratch_page)
+            self.state_slots[bs:b].fill_(self.scratch_slot)
+            self.verify_lens[bs:b].zero_()
+
+    @torch.no_grad()
+    def run(self, fb: ForwardBatch):
+        """Replay the graph for fb (capturing it first if needed); returns the ModelOutput of fb's tokens and fills
+        fb.replay with its rows of the replay records (views of static tensors)."""
+        assert self.can_run(fb), "batch not servable by the verify graphs"
+        bs, L = fb.batch_size, fb.extend_lens[0]
+        self.ensure(bs, L)
+        b = self.bucket(bs)
+        T = bs * L
+        self.input_ids[:T].copy_(fb.input_ids, non_blocking=True)
+        self.positions[:T].copy_(fb.positions, non_blocking=True)
+        self.out_cache_loc[:T].copy_(fb.out_cache_loc, non_blocking=True)
+        self.key_lens[:T].copy_(fb.key_lens_t, non_blocking=True)
+        w = fb.page_table.shape[1]
+        self.page_table[:bs, :w].copy_(fb.page_table, non_blocking=True)
+        self.state_slots[:bs].copy_(fb.state_slots, non_blocking=True)
+        self.verify_lens[:bs].copy_(fb.verify_lens_t, non_blocking=True)
+        self._pad(bs, b, L)
+        self.graphs[(b, L)].replay()
+        out, replay = self.outputs[(b, L)]
+        fb.replay = {layer: KDAReplay(r.x[:bs], r.k[:bs], r.v[:bs], r.g[:bs], r.beta[:bs])
+                     for layer, r in replay.items()}
+        return type(out)(out.logits[:T], out.hidden[:T], {layer: c[:T] for layer, c in out.captured.items()})
+
+
+class DraftGraphRunner:
+    """CUDA-graph drafting: the drafter's greedy `propose` (block forward + gamma corrections, no distributions)
+    per batch-size bucket and confidence on/off, captured on first use. Padding rows draft from zero features."""
+
+    def __init__(self, drafter, batch_sizes, gamma: int, device: torch.device | str = "cuda"):
+        self.drafter, self.gamma = drafter, gamma
+        self.batch_sizes = sorted(set(int(b) for b in batch_sizes))
+        n = self.batch_sizes[-1]
+        dev = torch.device(device)
+        self.features = torch.zeros(n, drafter.cfg.feature_size, dtype=drafter.fc.weight.dtype, device=dev)
+        self.last_token = torch.zeros(n, dtype=torch.long, device=dev)
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, bool], object] = {}
+        self.pool = None
+
+    def bucket(self, bs: int) -> int | None:
+        return next((b for b in self.batch_sizes if b >= bs), None)
+
+    def ensure(self, bs: int, confidence: bool) -> None:
+        key = (self.bucket(bs), confidence)
+        if key not in self.graphs:
+            b = key[0]
+
+            def propose():
+                return self.drafter.propose(self.features[:b], self.last_token[:b], self.gamma, want_probs=False,
+                                            want_confidence=confidence)
+
+            self.graphs[key], self.outputs[key], self.pool = capture(propose, self.pool)
+
+    @torch.no_grad()
+    def run(self, features: torch.Tensor, last_token: torch.Tensor, confidence: bool):
+        """DraftOutput (tokens [B, gamma], confidence [B, gamma] or None) as views of the graph's static outputs."""
+        bs = features.shape[0]
+        self.ensure(bs, confidence)
+        b = self.bucket(bs)
+        self.features[:bs].copy_(features, non_blocking=True)
+        self.last_token[:bs].copy_(last_token, non_blocking=True)
+        if b > bs:
+            self.features[bs:b].zero_()
+            self.last_token[bs:b].zero_()
+        self.graphs[(b, confidence)].replay()
+        out = self.outputs[(b, confidence)]
+        return type(out)(out.tokens[:bs], None, None if out.confidence is None else out.confidence[:bs])

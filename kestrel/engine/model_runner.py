@@ -41,8 +41,8 @@ class ModelRunner:
 
             self.spec = SpecWorker(self, args.speculative_draft_model_path, args.speculative_num_draft_tokens,
                                    args.speculative_state_rollback, not args.disable_verify_planner)
-            if self.device.type == "cuda":  # like graph capture: profile the verify steps at start-up
-                self.spec.prepare_planner(min(args.max_running_requests, args.cuda_graph_max_bs))
+            if self.device.type == "cuda":  # like decode graph capture: verify graphs and profile at start-up
+                self.spec.prepare(min(args.max_running_requests, args.cuda_graph_max_bs))
         # sampled tokens the next batch may read before the scheduler has seen them
         self.future_size = 4 * args.max_running_requests + 16
         self.future = torch.zeros(self.future_size, dtype=torch.long, device=self.device)
@@ -74,13 +74,22 @@ class ModelRunner:
                  kv.bytes_per_page() * kv.num_pages / 1e6, slots - 1, state.bytes_per_slot() * slots / 1e6)
         return Memory(kv, state)
 
-    def _capture_graphs(self):
-        from kestrel.engine.cuda_graph import DEFAULT_BATCH_SIZES, DecodeGraphRunner
+    def graph_batch_sizes(self) -> list[int]:
+        """The batch-size buckets CUDA graphs are captured for."""
+        from kestrel.engine.cuda_graph import DEFAULT_BATCH_SIZES
 
         cap = min(self.args.cuda_graph_max_bs, self.args.max_running_requests)
-        sizes = sorted({b for b in DEFAULT_BATCH_SIZES if b <= cap} | {cap})
+        return sorted({b for b in DEFAULT_BATCH_SIZES if b <= cap} | {cap})
+
+    def max_pages_per_seq(self) -> int:
         context = self.args.context_length or self.cfg.model_max_length
-        runner = DecodeGraphRunner(self.model, self.mem, sizes, -(-context // self.args.page_size), self.device)
+        return -(-context // self.args.page_size)
+
+    def _capture_graphs(self):
+        from kestrel.engine.cuda_graph import DecodeGraphRunner
+
+        sizes = self.graph_batch_sizes()
+        runner = DecodeGraphRunner(self.model, self.mem, sizes, self.max_pages_per_seq(), self.device)
         runner.capture()
         log.info("captured decode CUDA graphs for batch sizes %s", sizes)
         return runner

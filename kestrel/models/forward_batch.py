@@ -16,7 +16,9 @@ class ForwardMode(enum.Enum):
     EXTEND = "extend"
     # exactly one new token per sequence; state committed
     DECODE = "decode"
-    # speculative verify: several tokens per sequence; the KDA state is read, not written (ReplaySSM folds later)
+    # speculative verify: a block of tokens per sequence, every block padded to one length (extend_lens all equal,
+    # verify_lens_t the real tokens); the KDA state is read, not written (ReplaySSM folds later). The uniform layout
+    # needs no host values inside the forward, so a verify step can be a CUDA graph.
     VERIFY = "verify"
 
 
@@ -63,6 +65,11 @@ class ForwardBatch:
     # VERIFY: "replay" stores step inputs (~1 KB per head and step), "snapshot" the state after every step (the
     # baseline ReplaySSM is measured against)
     spec_rollback: str = "replay"
+    # VERIFY: real tokens per block [B] int32 (the rest of each block is padding: no-op KDA steps, keys never read,
+    # latents written to the scratch page) and the keys each token attends to [T] int32 (prefix + its index + 1,
+    # clamped to the block's real tokens)
+    verify_lens_t: torch.Tensor | None = None
+    key_lens_t: torch.Tensor | None = None
 
     def __post_init__(self):
         assert len(self.extend_lens) == len(self.prefix_lens), "extend_lens and prefix_lens differ in length"
@@ -97,6 +104,23 @@ class ForwardBatch:
             track=None if self.track is None else [self.track[i] for i in rows],
             seq_lens_t=None if self.seq_lens_t is None else self.seq_lens_t[idx])
         return sub, tok
+
+    def seq_lens_tensor(self) -> torch.Tensor:
+        """Keys per sequence on the device: seq_lens_t (CUDA graphs cannot build it from the host list mid-capture:
+        runners pass it), else built from the host list."""
+        if self.seq_lens_t is not None:
+            return self.seq_lens_t
+        return torch.tensor(self.seq_lens, device=self.input_ids.device)
+
+    def verify_key_lens(self) -> torch.Tensor:
+        """VERIFY: keys per token [T] on the device: key_lens_t, else built from the host lists (no padding unless
+        verify_lens_t says so)."""
+        if self.key_lens_t is not None:
+            return self.key_lens_t
+        L = self.extend_lens[0]
+        lens = self.extend_lens if self.verify_lens_t is None else self.verify_lens_t.tolist()
+        keys = [p + min(i, n - 1) + 1 for p, n in zip(self.prefix_lens, lens) for i in range(L)]
+        return torch.tensor(keys, dtype=torch.int32, device=self.input_ids.device)
 
     @property
     def equal_lengths(self) -> bool:

@@ -164,23 +164,16 @@ class KDAMixer(nn.Module):
         return o
 
     def _verify(self, mixed, raw_gate, beta, fb):
-        """Speculative verify: the committed state is read, not written; the step inputs go to fb.replay."""
-        lens, L = fb.extend_lens, max(fb.extend_lens)
-        pad = torch.zeros(len(lens), L, dtype=torch.bool, device=mixed.device)
-        for i, n in enumerate(lens):
-            pad[i, :n] = True
-
-        def padded(t):
-            out = t.new_zeros(len(lens), L, *t.shape[1:])
-            out[pad] = t
-            return out
-
-        o, rec = kda_ops.verify(padded(mixed), padded(raw_gate), padded(beta), lens, self.conv_weight(),
-                                fb.mem.conv_state(self.layer_id), fb.mem.ssm_state(self.layer_id), fb.state_slots,
-                                self.A_log, self.dt_bias, self.lower_bound, self.head_dim**-0.5,
-                                snapshot_states=fb.spec_rollback == "snapshot")
+        """Speculative verify of equal-length padded blocks: the committed state is read, not written; the step
+        inputs go to fb.replay for the fold."""
+        B, L = fb.batch_size, fb.extend_lens[0]
+        lens = fb.verify_lens_t if fb.verify_lens_t is not None else fb.extend_lens
+        o, rec = kda_ops.verify(mixed.view(B, L, -1), raw_gate.view(B, L, *raw_gate.shape[1:]), beta.view(B, L, -1),
+                                lens, self.conv_weight(), fb.mem.conv_state(self.layer_id),
+                                fb.mem.ssm_state(self.layer_id), fb.state_slots, self.A_log, self.dt_bias,
+                                self.lower_bound, self.head_dim**-0.5, snapshot_states=fb.spec_rollback == "snapshot")
         fb.replay[self.layer_id] = rec
-        return o[pad]
+        return o.view(B * L, *o.shape[2:])
 
     def _decode(self, mixed, raw_gate, beta, fb):
         return kda_ops.decode(mixed, self.conv_weight(), fb.mem.conv_state(self.layer_id),

@@ -9,7 +9,6 @@ from kestrel.models.forward_batch import ForwardBatch, ForwardMode
 from kestrel.models.layers.linear import FusedLinears, Linear
 from kestrel.models.layers.norm import RMSNorm
 from kestrel.ops import mla as mla_ops
-from kestrel.ops.mla.reference import mla_absorbed_attention
 
 # Moonshot's code uses 1e-6 for the latent norms whatever rms_norm_eps says
 LATENT_NORM_EPS = 1e-6
@@ -67,12 +66,17 @@ class MLAMixer(nn.Module):
             ps = buf.shape[1]
             buf[fb.out_cache_loc // ps, fb.out_cache_loc % ps] = latent.to(buf.dtype)
         if fb.mode == ForwardMode.DECODE and fb.mem is not None:
-            o = self._decode(q, buf, fb)
+            o = self._decode(q, buf, fb.page_table, fb.seq_lens_tensor())
+        elif fb.mode == ForwardMode.VERIFY:
+            # every verify token is a decode query over its own key count, through its block's page-table row
+            B, L = fb.batch_size, fb.extend_lens[0]
+            table = fb.page_table.unsqueeze(1).expand(B, L, fb.page_table.shape[1]).reshape(B * L, -1)
+            o = self._decode(q, buf, table, fb.verify_key_lens())
         elif (split := fb.split_decode_rows()) is not None:
             # a mixed batch: decode rows in one batched paged decode, prefill rows one sequence at a time
             o = q.new_empty(q.shape[0], self.num_heads, self.v_dim)
             dec, dec_tok = fb.subset(split[0])
-            o[dec_tok] = self._decode(q[dec_tok], buf, dec)
+            o[dec_tok] = self._decode(q[dec_tok], buf, dec.page_table, dec.seq_lens_tensor())
             ext, ext_tok = fb.subset(split[1])
             o[ext_tok] = self._per_sequence(q[ext_tok], latent[ext_tok], ext)
         else:
@@ -82,13 +86,12 @@ class MLAMixer(nn.Module):
             o = o * torch.sigmoid(self.g_proj(x) if gate is None else gate)
         return self.o_proj(o)
 
-    def _decode(self, q, buf, fb):
+    def _decode(self, q, buf, page_table, seq_lens):
+        """Absorbed-form attention of one query token per page-table row over its first seq_lens keys."""
         w_uk, w_uv = self._kv_b()
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
         q_lat = torch.einsum("thd,hdr->thr", q_nope, w_uk)
-        # NOTE: a CUDA graph cannot build seq_lens from the host list mid-capture: runners pass fb.seq_lens_t
-        seq_lens = fb.seq_lens_t if fb.seq_lens_t is not None else torch.tensor(fb.seq_lens, device=q.device)
-        out_lat, _ = mla_ops.decode_paged(q_lat, q_rope, buf, fb.page_table, seq_lens, self.rank, self.scale)
+        out_lat, _ = mla_ops.decode_paged(q_lat, q_rope, buf, page_table, seq_lens, self.rank, self.scale)
         return torch.einsum("thr,hvr->thv", out_lat.to(q.dtype), w_uv)
 
     def _batched_training(self, q, latent, fb):
@@ -103,7 +106,6 @@ class MLAMixer(nn.Module):
     def _per_sequence(self, q, latent, fb):
         if fb.training and fb.equal_lengths and fb.mem is None:
             return self._batched_training(q, latent, fb)
-        absorbed = fb.mode == ForwardMode.VERIFY
         outs, cu = [], fb.cu_seqlens
         buf = fb.mem.kv_buffer(self.layer_id) if fb.mem is not None else None
         for i, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
@@ -111,8 +113,7 @@ class MLAMixer(nn.Module):
                 lat = latent[a:b]
             else:
                 lat = mla_ops.gather_latents(buf, fb.page_table[i], fb.prefix_lens[i] + b - a).to(latent.dtype)
-            attend = self._absorbed if absorbed else self._expanded
-            outs.append(attend(q[a:b], lat, fb.prefix_lens[i])[0])
+            outs.append(self._expanded(q[a:b], lat, fb.prefix_lens[i])[0])
         return torch.cat(outs)
 
     def _kv_b(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,10 +127,3 @@ class MLAMixer(nn.Module):
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
         k = torch.cat([k_nope, lat[:, None, self.rank :].expand(S, H, self.rope)], dim=-1)
         return mla_ops.attention(q, k, v, self.scale, q_offset)
-
-    def _absorbed(self, q, lat, q_offset: int):
-        w_uk, w_uv = self._kv_b()
-        q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
-        q_lat = torch.einsum("thd,hdr->thr", q_nope, w_uk)
-        out_lat, lse = mla_absorbed_attention(q_lat, q_rope, lat, self.rank, self.scale, q_offset)
-        return torch.einsum("thr,hvr->thv", out_lat, w_uv), lse

@@ -1,12 +1,12 @@
 """FFNs: dense SiTU/SiLU MLP, and (Latent)MoE with a sigmoid router, routed experts and shared experts."""
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kestrel.models.config import K3Config
 from kestrel.models.layers.linear import ExpertWeights, FusedLinears, Linear
 from kestrel.models.layers.norm import RMSNorm
+from kestrel.ops import linear as linear_ops
 from kestrel.ops import moe as moe_ops
 from kestrel.ops.moe import Activation
 
@@ -50,7 +50,7 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor):
         c = self.cfg
-        logits = F.linear(x.to(self.weight.dtype), self.weight)
+        logits = linear_ops.linear(x, self.weight)  # fp32 logits
         return moe_ops.route(logits, self.e_score_correction_bias, c.num_experts_per_token, c.moe_renormalize,
                              c.routed_scaling_factor, c.num_expert_group, c.topk_group)
 

@@ -24,8 +24,9 @@ class Accepted:
         return len(self.tokens) - 1
 
 
-def accept(logits: torch.Tensor, drafts: list[int], st: SamplingState) -> Accepted:
-    """logits [len(drafts) + 1, V]: the target's rows at the last committed token and each draft.
+def accept(logits: torch.Tensor, drafts: list[int], st: SamplingState, argmax: list[int] | None = None) -> Accepted:
+    """logits [len(drafts) + 1, V]: the target's rows at the last committed token and each draft; argmax: their
+    plain argmax when the caller has it (one device sync for a whole batch), used wherever nothing adjusts a row.
 
     Advances the sampling state by every returned token (as if each had been sampled in turn).
     """
@@ -33,7 +34,8 @@ def accept(logits: torch.Tensor, drafts: list[int], st: SamplingState) -> Accept
     for j in range(len(drafts) + 1):
         d = drafts[j] if j < len(drafts) else None
         if st.params.greedy:
-            t = int(adjusted_logits(logits[j], st).argmax())
+            plain = argmax is not None and not st.needs_counts and not (st.step < st.params.min_new_tokens and st.stop_ids)
+            t = argmax[j] if plain else int(adjusted_logits(logits[j], st).argmax())
         else:
             p = distribution(logits[j], st)
             if d is not None and uniform(st) < float(p[d]):

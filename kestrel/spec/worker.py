@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 
 import torch
+from torch.profiler import record_function
 
 from kestrel.engine.batch import Batch, BatchResult
 from kestrel.engine.sampler import token_logprobs
@@ -44,6 +45,14 @@ class SpecWorker:
         self.use_planner = use_planner
         self.profile: dict[int, list[tuple[int, float, float]]] = {}
         self.window_bytes = 0  # draft-window memory of the last verify (the rollback method's cost)
+        self.graphs = self.draft_graphs = None
+        if runner.device.type == "cuda" and not runner.args.disable_cuda_graph and rollback == "replay":
+            from kestrel.engine.cuda_graph import DraftGraphRunner, VerifyGraphRunner
+
+            sizes = runner.graph_batch_sizes()
+            self.graphs = VerifyGraphRunner(runner.model, runner.mem, sizes, gamma + 1, runner.max_pages_per_seq(),
+                                            self.layers, runner.device)
+            self.draft_graphs = DraftGraphRunner(self.drafter, sizes, gamma, runner.device)
 
     # ---- features from ordinary forwards
     def keep_features(self, b: Batch, captured: dict[int, torch.Tensor], rows: torch.Tensor) -> None:
@@ -66,18 +75,26 @@ class SpecWorker:
             x0 = torch.where(x0 < 0, r.future[(-x0 - 1).clamp_min(0)], x0)
         feats = torch.stack([self.features[q.rid] for q in b.reqs])
         planning = self.use_planner and B >= PLANNER_MIN_BATCH
-        draft = self.drafter.propose(feats, x0, self.gamma, want_probs=False, want_confidence=planning)
-        keep = self._plan(draft.confidence, b.max_drafts) if planning else list(b.max_drafts)
-        drafts = [draft.tokens[i, : keep[i]].tolist() for i in range(B)]
+        with record_function("spec.draft"):
+            if self.draft_graphs is not None and self.draft_graphs.bucket(B) is not None:
+                draft = self.draft_graphs.run(feats, x0, planning)
+            else:
+                draft = self.drafter.propose(feats, x0, self.gamma, want_probs=False, want_confidence=planning)
+            keep = self._plan(draft.confidence, b.max_drafts) if planning else list(b.max_drafts)
+            drafted = draft.tokens.tolist()
+        drafts = [drafted[i][: keep[i]] for i in range(B)]
         lens = [1 + k for k in keep]
-        ids = torch.cat([torch.cat([x0[i : i + 1], draft.tokens[i, : keep[i]]]) for i in range(B)])
-        fb = self._forward_batch(b, ids, lens)
-        out = r.model(fb)
-        self.window_bytes = sum(rec.nbytes() for rec in fb.replay.values())
-        cu = [0]
-        for n in lens:
-            cu.append(cu[-1] + n)
-        results = [accept(out.logits[cu[i] : cu[i + 1]], drafts[i], b.sampling_states[i]) for i in range(B)]
+        L = max(lens)
+        with record_function("spec.verify"):
+            # every block padded to the longest: past its own length a block's tokens are no-ops (see ForwardMode)
+            ids = torch.cat([x0.view(B, 1), draft.tokens], dim=1)[:, :L].reshape(-1)
+            fb = self._forward_batch(b, ids, lens)
+            out = self._target(fb)
+            self.window_bytes = sum(rec.nbytes() for rec in fb.replay.values())
+            top = out.logits.argmax(-1).tolist() if any(st.params.greedy for st in b.sampling_states) else None
+        with record_function("spec.accept"):
+            results = [accept(out.logits[i * L : i * L + lens[i]], drafts[i], st, top and top[i * L : i * L + lens[i]])
+                       for i, st in enumerate(b.sampling_states)]
         commit = [len(a.tokens) for a in results]  # the last committed token and the accepted drafts
         snaps = [None] * B
         taken = []
@@ -85,16 +102,18 @@ class SpecWorker:
             ok = snap is not None and snap[0] <= commit[i]
             taken.append(ok)
             snaps[i] = snap if ok else None
-        for layer, rec in fb.replay.items():
-            kda_ops.fold(rec, r.mem.conv_state(layer), r.mem.ssm_state(layer), fb.state_slots, commit, snaps)
-        rows = torch.tensor([cu[i] + commit[i] - 1 for i in range(B)], device=dev)
-        feats = self.drafter.gather_features({l: out.captured[l][rows] for l in self.layers})
+        with record_function("spec.fold"):
+            commit_t = torch.tensor(commit, dtype=torch.int32, device=dev)
+            for layer, rec in fb.replay.items():
+                kda_ops.fold(rec, r.mem.conv_state(layer), r.mem.ssm_state(layer), fb.state_slots, commit_t, snaps)
+            rows = torch.tensor([i * L + commit[i] - 1 for i in range(B)], device=dev)
+            feats = self.drafter.gather_features({l: out.captured[l][rows] for l in self.layers})
         for i, q in enumerate(b.reqs):
             self.features[q.rid] = feats[i]
         res = BatchResult(tokens=[a.tokens[-1] for a in results], spec_tokens=[a.tokens for a in results],
                           spec_drafted=keep, spec_snapshots=taken)
         if b.want_logprobs or b.top_logprobs_num:
-            sel = torch.tensor([cu[i] + j for i, a in enumerate(results) for j in range(len(a.tokens))], device=dev)
+            sel = torch.tensor([i * L + j for i, a in enumerate(results) for j in range(len(a.tokens))], device=dev)
             toks = torch.tensor([t for a in results for t in a.tokens], device=dev)
             lp, top = token_logprobs(out.logits[sel], toks, b.top_logprobs_num)
             lp = lp.tolist()
@@ -107,27 +126,52 @@ class SpecWorker:
                 k += len(a.tokens)
         return res
 
+    def _target(self, fb: ForwardBatch):
+        """The target's verify forward: a CUDA graph when one serves the batch, else eager."""
+        if self.graphs is not None and self.graphs.can_run(fb):
+            return self.graphs.run(fb)
+        return self.runner.model(fb)
+
     def _forward_batch(self, b: Batch, ids: torch.Tensor, lens: list[int]) -> ForwardBatch:
+        """The VERIFY batch of blocks padded to the longest: padding tokens write their latents to the scratch page
+        and attend to their block's real keys only."""
         r, dev = self.runner, self.runner.device
         ps = r.mem.page_size
-        positions = torch.cat([torch.arange(p, p + n) for p, n in zip(b.prefix_lens, lens)]).to(dev)
-        locs = [row[i // ps] * ps + i % ps for row, p, n in zip(b.page_table, b.prefix_lens, lens) for i in range(p, p + n)]
+        L = max(lens)
+        scratch = r.mem.scratch_page * ps
+        positions, locs, keys = [], [], []
+        for row, p, n in zip(b.page_table, b.prefix_lens, lens):
+            for i in range(p, p + L):
+                positions.append(i)
+                locs.append(row[i // ps] * ps + i % ps if i < p + n else scratch)
+                keys.append(min(i, p + n - 1) + 1)
         width = max(len(row) for row in b.page_table)
         pad = r.mem.scratch_page
         table = torch.tensor([row + [pad] * (width - len(row)) for row in b.page_table], dtype=torch.int32, device=dev)
-        return ForwardBatch(ForwardMode.VERIFY, ids, positions, lens, list(b.prefix_lens), mem=r.mem, page_table=table,
+        return ForwardBatch(ForwardMode.VERIFY, ids, torch.tensor(positions, device=dev), [L] * len(lens),
+                            list(b.prefix_lens), mem=r.mem, page_table=table,
                             out_cache_loc=torch.tensor(locs, dtype=torch.long, device=dev),
                             state_slots=torch.tensor(b.state_slots, dtype=torch.long, device=dev),
-                            capture_layers=self.layers, spec_rollback=self.rollback)
+                            capture_layers=self.layers, spec_rollback=self.rollback,
+                            verify_lens_t=torch.tensor(lens, dtype=torch.int32, device=dev),
+                            key_lens_t=torch.tensor(keys, dtype=torch.int32, device=dev))
 
     # ---- planning
     @staticmethod
     def _bucket(batch: int) -> int:
         return 1 << (batch - 1).bit_length()
 
-    def prepare_planner(self, max_batch: int) -> None:
-        """Measure the profile of every batch bucket up to `max_batch` now (else each is measured the first time a
-        step of that size plans, which stalls that step)."""
+    def prepare(self, max_batch: int) -> None:
+        """At start-up, like decode graph capture: capture the verify graphs of full blocks below the planner's
+        batch size and measure the planner's profile (which captures the graphs of every block length) of every
+        bucket up to `max_batch`; else each is done the first time a step needs it, which stalls that step."""
+        if self.graphs is not None:
+            for bs in self.graphs.batch_sizes:
+                if bs <= max_batch:
+                    planning = self.use_planner and bs >= PLANNER_MIN_BATCH
+                    self.draft_graphs.ensure(bs, planning)
+                    if not planning:
+                        self.graphs.ensure(bs, self.gamma + 1)
         if self.use_planner:
             for batch in range(PLANNER_MIN_BATCH, max_batch + 1):
                 self._profiled(batch)
@@ -152,13 +196,14 @@ class SpecWorker:
             fake = Batch(mode=ForwardMode.VERIFY, reqs=[], input_ids=[], extend_lens=[], prefix_lens=[0] * len(lens),
                          page_table=table, out_cache_loc=[], state_slots=[r.mem.scratch_slot] * len(lens),
                          sample_rows=[], future_idx=[], sampling_states=[])
-            fb = self._forward_batch(fake, torch.zeros(sum(lens), dtype=torch.long, device=dev), lens)
-            r.model(fb)
+            fb = self._forward_batch(fake, torch.zeros(len(lens) * max(lens), dtype=torch.long, device=dev), lens)
+            self._target(fb)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
 
         with torch.inference_mode():
-            step([self.gamma + 1] * batch)  # warm-up
+            for L in range(1, self.gamma + 2):  # warm-up (and, on CUDA, the graph of every block length)
+                step([L] * batch)
             rows = StepProfile.measure(step, [batch], self.gamma, repeats=2).table[batch]
         log.info("verify profile at batch %d (longest block: one / all): %s", batch,
                  ", ".join(f"{L}:{one * 1e3:.1f}/{full * 1e3:.1f}ms" for L, (one, full) in rows.items()))

@@ -74,6 +74,57 @@ def test_kda_decode(dtype, lower_bound):
     assert rel(o2, o1) < TOL[dtype] and rel(s2, s1) < TOL[dtype] / 4 and rel(c2, c1) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lower_bound", [None, -5.0])
+def test_kda_verify_and_fold(dtype, lower_bound):
+    """The Triton verify against the reference verify; the Triton fold against the reference fold; and ReplaySSM's
+    invariant on the kernels themselves: verify + fold of any accepted prefix leaves the conv tail and the state
+    bit-identical to decoding those tokens one by one with the decode kernel (snapshots inside the window too)."""
+    from kestrel.ops.kda import reference as R, triton as K
+    B, H, Kd, W, S, L = (3, 2, 16, 4, 12, 5) if SMALL else (9, 16, 128, 4, 30, 8)
+    C = 3 * H * Kd
+    x, cw = rnd(B, L, C, dtype=dtype), rnd(C, W, dtype=dtype, scale=0.5)
+    conv, ssm = rnd(S, W - 1, C, dtype=dtype), rnd(S, H, Kd, Kd)
+    slots = torch.randperm(S // 2 - 1, device=DEV)[:B] + 1
+    snap_slots = torch.randperm(S // 2, device=DEV)[:B] + S // 2
+    raw, A, dtb, beta = rnd(B, L, H, Kd, dtype=dtype), rnd(H), rnd(H * Kd), torch.rand(B, L, H, device=DEV)
+    lens = torch.randint(1, L + 1, (B,)).tolist()
+    commit = [torch.randint(1, n + 1, ()).item() for n in lens]
+    snaps = [(torch.randint(1, c + 1, ()).item(), int(snap_slots[i])) if i % 2 == 0 else None
+             for i, c in enumerate(commit)]
+
+    def run(impl, conv_s, ssm_s):
+        o, rec = impl.kda_verify(x, raw, beta, lens, cw, conv_s, ssm_s, slots, A, dtb, lower_bound, Kd**-0.5)
+        return o, rec
+
+    c_ref, s_ref, c_k, s_k = conv.clone(), ssm.clone(), conv.clone(), ssm.clone()
+    o_ref, rec_ref = run(R, c_ref, s_ref)
+    o_k, rec_k = run(K, c_k, s_k)
+    assert torch.equal(c_k, conv) and torch.equal(s_k, ssm), "verify wrote the committed state"
+    valid = torch.arange(L, device=DEV)[None, :] < torch.tensor(lens, device=DEV)[:, None]
+    assert rel(o_k[valid], o_ref[valid]) < TOL[dtype]
+    for name in ("k", "v", "g", "beta"):  # past a block's length the kernel keeps real inputs, the reference zeros
+        assert rel(getattr(rec_k, name)[valid], getattr(rec_ref, name)[valid]) < TOL[dtype], name
+    R.kda_fold(rec_ref, c_ref, s_ref, slots, commit, snaps)
+    K.kda_fold(rec_k, c_k, s_k, slots, torch.tensor(commit, device=DEV), snaps)
+    touched = torch.cat([slots, snap_slots[::2]])
+    assert rel(s_k[touched], s_ref[touched]) < TOL[dtype] / 4, ("state", rel(s_k[touched], s_ref[touched]))
+    assert rel(c_k[touched], c_ref[touched]) < TOL[dtype], ("conv", rel(c_k[touched], c_ref[touched]))
+    # bit-exact against the decode kernel, token by token
+    c_d, s_d = conv.clone(), ssm.clone()
+    for t in range(max(commit)):
+        rows = [i for i in range(B) if t < commit[i]]
+        idx = torch.tensor(rows, device=DEV)
+        o_d = K.kda_decode(x[idx, t], cw, c_d, s_d, slots[idx], raw[idx, t], A, dtb, lower_bound, beta[idx, t],
+                           Kd**-0.5)
+        assert torch.equal(o_d, o_k[idx, t]), f"verify output differs from decode at step {t}: {rel(o_k[idx, t], o_d)}"
+        for i in rows:
+            if snaps[i] is not None and snaps[i][0] == t + 1:
+                assert torch.equal(s_k[snaps[i][1]], s_d[slots[i]]) and torch.equal(c_k[snaps[i][1]], c_d[slots[i]])
+    assert torch.equal(c_k[slots], c_d[slots]), ("conv tails", rel(c_k[slots], c_d[slots]))
+    assert torch.equal(s_k[slots], s_d[slots]), ("states", rel(s_k[slots], s_d[slots]))
+
+
 @pytest.mark.parametrize("dtype", DOT_DTYPES)
 def test_kda_chunked(dtype):
     from kestrel.ops.kda import reference as R

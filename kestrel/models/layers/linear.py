@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kestrel.ops import linear as linear_ops
 from kestrel.ops.mxfp4 import reference as mxfp4
 
 
@@ -17,7 +18,9 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        if self.bias is not None:
+            return F.linear(x, self.weight, self.bias)
+        return linear_ops.linear(x, self.weight)
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}"
@@ -78,4 +81,4 @@ class FusedLinears:
         return [l.weight.data_ptr() for l in self.linears] == self._ptrs
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        return list(F.linear(x, self.weight).split(self.sizes, dim=-1))
+        return list(linear_ops.linear(x, self.weight).split(self.sizes, dim=-1))

@@ -1,11 +1,12 @@
 """KDA ops, dispatched by device: Triton kernels on CUDA, the plain-torch reference elsewhere."""
 
+import torch
+
 from kestrel.ops import kernel
 from kestrel.ops.kda import reference
 from kestrel.ops.kda.reference import causal_conv1d, kda_gate, kda_step, l2norm, state_dtype_for  # noqa: F401
 from kestrel.ops.kda.reference import kda_chunked_factored as chunked_factored  # noqa: F401
-# speculative verify / ReplaySSM fold: plain torch on every device for now (no fused kernel yet)
-from kestrel.ops.kda.reference import KDAReplay, kda_fold as fold, kda_verify as verify  # noqa: F401
+from kestrel.ops.kda.reference import KDAReplay  # noqa: F401
 
 
 def chunked(q, k, v, g, beta, **kw):
@@ -22,3 +23,22 @@ def decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias,
     """
     fn = kernel(__name__ + ".triton", "kda_decode", mixed) or reference.kda_decode
     return fn(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale)
+
+
+def verify(x, raw_gate, beta, lens, conv_weight, conv_state, ssm, slots, A_log, dt_bias, lower_bound, scale,
+           snapshot_states: bool = False):
+    """Speculative verify over padded blocks (see reference.kda_verify): the committed state is read, not written;
+    returns (o [B, L, H, V], KDAReplay). `lens` a list or a device tensor (CUDA-graph replays)."""
+    fn = kernel(__name__ + ".triton", "kda_verify", x) or reference.kda_verify
+    if fn is reference.kda_verify and isinstance(lens, torch.Tensor):
+        lens = lens.tolist()
+    return fn(x, raw_gate, beta, lens, conv_weight, conv_state, ssm, slots, A_log, dt_bias, lower_bound, scale,
+              snapshot_states)
+
+
+def fold(rec, conv_state, ssm, slots, commit, snapshots=None) -> None:
+    """ReplaySSM: commit the first commit[i] verify steps of each block onto its state (see reference.kda_fold)."""
+    fn = kernel(__name__ + ".triton", "kda_fold", rec.x) or reference.kda_fold
+    if fn is reference.kda_fold and isinstance(commit, torch.Tensor):
+        commit = commit.tolist()
+    return fn(rec, conv_state, ssm, slots, commit, snapshots)

@@ -1,9 +1,16 @@
-"""Triton KDA kernels: the fused decode step and the chunked (WY) prefill.
+"""Triton KDA kernels: decode, speculative verify and the ReplaySSM fold (two shared kernels), and the chunked (WY)
+prefill (triton_chunk.py).
 
-Decode: one program per (sequence, head) does the conv-tail update, SiLU, L2 norm, gate, beta and the delta-rule
-recurrence on the state slot in place, in one launch. It rounds where the reference rounds (the short conv runs
-in the activation dtype, q and k are cast back after the L2 norm) so decode and prefill agree closely.
-Chunked prefill lives in triton_chunk.py.
+Every recurrent path is the same two launches:
+- `_kda_prep_kernel`, one program per (sequence, step, head): short conv over [cached tail, inputs] + SiLU, L2 norm,
+  gate and the scaled query, written out per step (k, v, g are exactly what ReplaySSM keeps). Decode (one step)
+  also shifts the conv tail; verify reads the tail and writes nothing of the committed state.
+- `_kda_recur_kernel`, one program per (sequence, head, V block): the delta-rule recurrence over the stored steps,
+  from the state slot. Decode runs it on one step and writes the state; verify runs the block's steps without
+  writing the state (outputs only); the fold runs the accepted steps from the stored inputs and writes the state.
+Because decode and the fold run the same recurrence kernel on the same stored inputs, a folded state is
+bit-identical to the decoded one by construction. Rounding follows the reference (the conv in the activation
+dtype, q and k cast back after the L2 norm).
 """
 
 import torch
@@ -12,30 +19,42 @@ import triton.language as tl
 
 from kestrel.ops.kda.triton_chunk import kda_chunked  # noqa: F401
 
+# V columns per recurrence program (more programs in flight at small batch)
+RECUR_BV = 32
+
 
 @triton.jit
-def _conv_silu(mixed_ptr, w_ptr, tail_ptr, ch, C, W: tl.constexpr, BW: tl.constexpr):
-    """Short conv over the window [tail (W-1 taps), x] for channels ch, rounded like the reference.
-
-    Returns (SiLU output in fp32, the window [BW, len(ch)]); the caller writes window rows 1.. back as the new tail
-    after a barrier: replicated lanes of other warps may still be reading the old tail.
-    """
+def _conv_window(x_ptr, stride_x, tail_ptr, t, ch, C, W: tl.constexpr, BW: tl.constexpr):
+    """The W conv taps of step t for channels ch: rows t .. t + W - 1 of the window [tail (W - 1 rows), x rows],
+    as [BW, len(ch)] (rows past W are zero). Step 0 of a decode is the cached tail and the new input."""
     rw = tl.arange(0, BW)
-    x = tl.load(mixed_ptr + ch)
-    dt = x.dtype
-    win = tl.load(tail_ptr + rw[:, None] * C + ch[None, :], mask=rw[:, None] < W - 1, other=0.0)
-    win = tl.where(rw[:, None] == W - 1, x[None, :], win)
+    idx = t + rw
+    on = rw < W
+    in_tail = idx < W - 1
+    wt = tl.load(tail_ptr + idx[:, None] * C + ch[None, :], mask=(on & in_tail)[:, None], other=0.0)
+    wx = tl.load(x_ptr + (idx - (W - 1))[:, None] * stride_x + ch[None, :], mask=(on & (idx >= W - 1))[:, None],
+                 other=0.0)
+    return tl.where(in_tail[:, None], wt, wx)
+
+
+@triton.jit
+def _conv_silu(win, w_ptr, ch, W: tl.constexpr, BW: tl.constexpr, dt: tl.constexpr):
+    """Short conv of one window + SiLU, rounded like the reference (taps summed in order, in the activation
+    dtype); returns fp32 values of dt numbers."""
+    rw = tl.arange(0, BW)
     wt = tl.load(w_ptr + ch[None, :] * W + rw[:, None], mask=rw[:, None] < W, other=0.0)
-    prod = (win.to(tl.float32) * wt.to(tl.float32)).to(dt).to(tl.float32)
+    prod = (win.to(dt).to(tl.float32) * wt.to(tl.float32)).to(dt).to(tl.float32)
     y = tl.sum(tl.where(rw[:, None] == 0, prod, 0.0), 0).to(dt)
     for j in tl.static_range(1, W):
         y = (y.to(tl.float32) + tl.sum(tl.where(rw[:, None] == j, prod, 0.0), 0)).to(dt)
     yf = y.to(tl.float32)
-    return (yf * tl.sigmoid(yf)).to(dt).to(tl.float32), win
+    return (yf * tl.sigmoid(yf)).to(dt).to(tl.float32)
 
 
 @triton.jit
 def _store_tail(tail_ptr, win, ch, C, W: tl.constexpr, BW: tl.constexpr):
+    """Window rows 1 .. W - 1 become the tail (call after a barrier: other warps' lanes may still read the old
+    tail)."""
     rw = tl.arange(0, BW)
     tl.store(tail_ptr + (rw[:, None] - 1) * C + ch[None, :], win, mask=(rw[:, None] >= 1) & (rw[:, None] < W))
 
@@ -46,44 +65,196 @@ def _l2norm_round(x, eps, dt: tl.constexpr):
 
 
 @triton.jit
-def _kda_decode_kernel(mixed_ptr, w_ptr, conv_ptr, ssm_ptr, slots_ptr, raw_ptr, alog_ptr, dtb_ptr, beta_ptr, o_ptr,
-                       H, stride_m, stride_conv, stride_ssm, lower_bound, scale,
-                       K: tl.constexpr, V: tl.constexpr, W: tl.constexpr, BW: tl.constexpr,
-                       SAFE_GATE: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    slot = tl.load(slots_ptr + b).to(tl.int64)
-    C = H * (2 * K + V)
-    dt = mixed_ptr.dtype.element_ty
-    rk = tl.arange(0, K)
-    rv = tl.arange(0, V)
-    mrow = mixed_ptr + b * stride_m
-    # slot rows may be strided (the unified pool interleaves every layer's state in one block per slot)
-    tail = conv_ptr + slot * stride_conv
-    q, qw = _conv_silu(mrow, w_ptr, tail, h * K + rk, C, W, BW)
-    k, kw = _conv_silu(mrow, w_ptr, tail, H * K + h * K + rk, C, W, BW)
-    v, vw = _conv_silu(mrow, w_ptr, tail, 2 * H * K + h * V + rv, C, W, BW)
-    tl.debug_barrier()
-    _store_tail(tail, qw, h * K + rk, C, W, BW)
-    _store_tail(tail, kw, H * K + h * K + rk, C, W, BW)
-    _store_tail(tail, vw, 2 * H * K + h * V + rv, C, W, BW)
-    q = _l2norm_round(q, 1e-6, dt) * scale
-    k = _l2norm_round(k, 1e-6, dt)
-    # gate in fp32 from the bottleneck output
-    x = tl.load(raw_ptr + (b * H + h) * K + rk).to(tl.float32) + tl.load(dtb_ptr + h * K + rk).to(tl.float32)
+def _gate(raw_ptr, dtb_ptr, alog_ptr, h, rk, K: tl.constexpr, lower_bound, SAFE_GATE: tl.constexpr):
+    """The fp32 log-decay of one head from its gate-bottleneck row (see reference.kda_gate)."""
+    x = tl.load(raw_ptr + rk).to(tl.float32) + tl.load(dtb_ptr + h * K + rk).to(tl.float32)
     a = tl.exp(tl.load(alog_ptr + h).to(tl.float32))
     if SAFE_GATE:
-        g = lower_bound * tl.sigmoid(a * x)
-    else:
-        g = -a * tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
-    beta = tl.load(beta_ptr + b * H + h).to(tl.float32)
-    sp = ssm_ptr + slot * stride_ssm + h * K * V + rk[:, None] * V + rv[None, :]
-    S = tl.load(sp) * tl.exp(g)[:, None]
+        return lower_bound * tl.sigmoid(a * x)
+    return -a * tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
+
+
+@triton.jit
+def _delta_update(S, k, v, g, beta):
+    """The state half of one recurrence step. Decode, verify and fold all run exactly this on the same [K, V]
+    tile shape, so a folded state is bit-identical to the decoded one."""
+    S = S * tl.exp(g)[:, None]
     u = v - tl.sum(S * k[:, None], 0)
-    S = S + (beta * k)[:, None] * u[None, :]
-    tl.store(sp, S)
-    o = tl.sum(S * q[:, None], 0)
-    tl.store(o_ptr + (b * H + h) * V + rv, o.to(o_ptr.dtype.element_ty))
+    return S + (beta * k)[:, None] * u[None, :]
+
+
+@triton.jit
+def _kda_prep_kernel(x_ptr, w_ptr, conv_ptr, slots_ptr, raw_ptr, alog_ptr, dtb_ptr, q_ptr, k_ptr, v_ptr, g_ptr,
+                     H, stride_xb, stride_conv, lower_bound, scale, L: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     W: tl.constexpr, BW: tl.constexpr, SAFE_GATE: tl.constexpr, WRITE_TAIL: tl.constexpr):
+    """Step t of block b, head h: conv window rows t .. t + W - 1 of [tail, x_b], SiLU, L2 norm, gate. Writes q
+    (scaled, fp32), k, v (activation dtype) and g (fp32) of the step; WRITE_TAIL (decode, L = 1) shifts the tail."""
+    bt = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    b = bt // L
+    t = bt % L
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    C = H * (2 * K + V)
+    dt = x_ptr.dtype.element_ty
+    rk = tl.arange(0, K)
+    rv = tl.arange(0, V)
+    # slot rows may be strided (the unified pool interleaves every layer's state in one block per slot)
+    tail = conv_ptr + slot * stride_conv
+    xb = x_ptr + b * stride_xb  # a block's steps are contiguous rows of C channels
+    qw = _conv_window(xb, C, tail, t, h * K + rk, C, W, BW)
+    kw = _conv_window(xb, C, tail, t, H * K + h * K + rk, C, W, BW)
+    vw = _conv_window(xb, C, tail, t, 2 * H * K + h * V + rv, C, W, BW)
+    q = _l2norm_round(_conv_silu(qw, w_ptr, h * K + rk, W, BW, dt), 1e-6, dt) * scale
+    k = _l2norm_round(_conv_silu(kw, w_ptr, H * K + h * K + rk, W, BW, dt), 1e-6, dt)
+    v = _conv_silu(vw, w_ptr, 2 * H * K + h * V + rv, W, BW, dt)
+    row = bt * H + h
+    g = _gate(raw_ptr + row * K, dtb_ptr, alog_ptr, h, rk, K, lower_bound, SAFE_GATE)
+    tl.store(q_ptr + row * K + rk, q)
+    tl.store(k_ptr + row * K + rk, k.to(k_ptr.dtype.element_ty))
+    tl.store(v_ptr + row * V + rv, v.to(v_ptr.dtype.element_ty))
+    tl.store(g_ptr + row * K + rk, g)
+    if WRITE_TAIL:
+        tl.debug_barrier()
+        _store_tail(tail, qw, h * K + rk, C, W, BW)
+        _store_tail(tail, kw, H * K + h * K + rk, C, W, BW)
+        _store_tail(tail, vw, 2 * H * K + h * V + rv, C, W, BW)
+
+
+@triton.jit
+def _kda_recur_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slots_ptr, n_ptr, snap_n_ptr, snap_slot_ptr,
+                      H, stride_ssm, L: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                      ALL_STEPS: tl.constexpr, HAS_OUT: tl.constexpr, WRITE_STATE: tl.constexpr,
+                      HAS_SNAP: tl.constexpr):
+    """The recurrence of block b, head h, columns [vb * BV, (vb + 1) * BV) over its first n[b] stored steps (all L
+    with ALL_STEPS), from its state slot. HAS_OUT writes o per step; WRITE_STATE writes the state back; HAS_SNAP
+    also stores the state after snap_n[b] steps into slot snap_slot[b]."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    vb = tl.program_id(2)
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    rk = tl.arange(0, K)
+    rv = vb * BV + tl.arange(0, BV)
+    tile = h * K * V + rk[:, None] * V + rv[None, :]
+    S = tl.load(ssm_ptr + slot * stride_ssm + tile)
+    n = L
+    if not ALL_STEPS:
+        n = tl.load(n_ptr + b)
+    snap_n = 0
+    dst = slot
+    if HAS_SNAP:
+        snap_n = tl.load(snap_n_ptr + b)
+        dst = tl.load(snap_slot_ptr + b).to(tl.int64)
+    for t in range(L):
+        if t < n:
+            row = (b * L + t) * H + h
+            k = tl.load(k_ptr + row * K + rk).to(tl.float32)
+            v = tl.load(v_ptr + row * V + rv).to(tl.float32)
+            g = tl.load(g_ptr + row * K + rk)
+            beta = tl.load(beta_ptr + row).to(tl.float32)
+            S = _delta_update(S, k, v, g, beta)
+            if HAS_OUT:
+                q = tl.load(q_ptr + row * K + rk)
+                tl.store(o_ptr + row * V + rv, tl.sum(S * q[:, None], 0).to(o_ptr.dtype.element_ty))
+            if HAS_SNAP:
+                if t + 1 == snap_n:
+                    tl.store(ssm_ptr + dst * stride_ssm + tile, S)
+    if WRITE_STATE:
+        tl.store(ssm_ptr + slot * stride_ssm + tile, S)
+
+
+@triton.jit
+def _kda_tail_kernel(x_ptr, conv_ptr, slots_ptr, n_ptr, snap_n_ptr, snap_slot_ptr, H, stride_conv,
+                     L: tl.constexpr, K: tl.constexpr, V: tl.constexpr, W: tl.constexpr, BW: tl.constexpr,
+                     BC: tl.constexpr, HAS_SNAP: tl.constexpr):
+    """The fold's conv tails: block b's tail becomes window rows n .. n + W - 2 of [tail, x_b] (rows 1 .. W - 1 of
+    step n - 1's window); with HAS_SNAP, rows snap_n .. into slot snap_slot. One program per (block, channel
+    block): every program reads and writes only its own channels."""
+    b = tl.program_id(0).to(tl.int64)
+    cb = tl.program_id(1)
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    n = tl.load(n_ptr + b)
+    C = H * (2 * K + V)
+    ch = cb * BC + tl.arange(0, BC)
+    tail = conv_ptr + slot * stride_conv
+    xb = x_ptr + b * L * C
+    if n > 0:
+        win = _conv_window_masked(xb, C, tail, n - 1, ch, C, W, BW)
+        if HAS_SNAP:
+            snap_n = tl.load(snap_n_ptr + b)
+            if snap_n > 0:
+                dst = tl.load(snap_slot_ptr + b).to(tl.int64)
+                swin = _conv_window_masked(xb, C, tail, snap_n - 1, ch, C, W, BW)
+                _store_tail_masked(conv_ptr + dst * stride_conv, swin, ch, C, W, BW)
+        tl.debug_barrier()
+        _store_tail_masked(tail, win, ch, C, W, BW)
+
+
+@triton.jit
+def _conv_window_masked(x_ptr, stride_x, tail_ptr, t, ch, C, W: tl.constexpr, BW: tl.constexpr):
+    """_conv_window for a channel block that may run past C."""
+    rw = tl.arange(0, BW)
+    idx = t + rw
+    on = (rw < W)[:, None] & (ch < C)[None, :]
+    in_tail = (idx < W - 1)[:, None]
+    wt = tl.load(tail_ptr + idx[:, None] * C + ch[None, :], mask=on & in_tail, other=0.0)
+    wx = tl.load(x_ptr + (idx - (W - 1))[:, None] * stride_x + ch[None, :], mask=on & (idx >= W - 1)[:, None],
+                 other=0.0)
+    return tl.where(in_tail, wt, wx)
+
+
+@triton.jit
+def _store_tail_masked(tail_ptr, win, ch, C, W: tl.constexpr, BW: tl.constexpr):
+    rw = tl.arange(0, BW)
+    tl.store(tail_ptr + (rw[:, None] - 1) * C + ch[None, :], win,
+             mask=(rw[:, None] >= 1) & (rw[:, None] < W) & (ch < C)[None, :])
+
+
+def _checked(x, conv_state, ssm):
+    H, K, V = ssm.shape[1:]
+    assert conv_state[0].is_contiguous() and ssm[0].is_contiguous() and ssm.dtype == torch.float32
+    assert x.shape[-1] == H * (2 * K + V) == conv_state.shape[2], "x / conv_state channel mismatch"
+    assert V % min(RECUR_BV, V) == 0, "V must be a multiple of the recurrence block"
+    return H, K, V
+
+
+def _device_ints(v, device) -> torch.Tensor:
+    """A per-sequence int list (or tensor) as an int32 device tensor (a tensor stays put: graph replays)."""
+    if isinstance(v, torch.Tensor):
+        return v.to(device=device, dtype=torch.int32)
+    return torch.tensor(v, dtype=torch.int32, device=device)
+
+
+def _launch_prep(x, conv_weight, conv_state, slots, raw_gate, A_log, dt_bias, lower_bound, scale, H, K, V,
+                 write_tail: bool):
+    B, L, C = x.shape
+    assert x.stride(2) == 1 and (L == 1 or x.stride(1) == C), "a block's steps must be contiguous rows"
+    q = torch.empty(B, L, H, K, dtype=torch.float32, device=x.device)
+    k = torch.empty(B, L, H, K, dtype=x.dtype, device=x.device)
+    v = torch.empty(B, L, H, V, dtype=x.dtype, device=x.device)
+    g = torch.empty(B, L, H, K, dtype=torch.float32, device=x.device)
+    W = conv_weight.shape[1]
+    if B and L:
+        _kda_prep_kernel[(B * L, H)](
+            x, conv_weight.contiguous(), conv_state, slots, raw_gate.contiguous(), A_log, dt_bias, q, k, v, g, H,
+            x.stride(0), conv_state.stride(0), 0.0 if lower_bound is None else float(lower_bound), float(scale), L=L, K=K, V=V,
+            W=W, BW=triton.next_power_of_2(W), SAFE_GATE=lower_bound is not None, WRITE_TAIL=write_tail,
+            num_warps=4)
+    return q, k, v, g
+
+
+def _launch_recur(q, k, v, g, beta, o, ssm, slots, n, snaps, write_state: bool):
+    B, L, H, K = k.shape
+    V = v.shape[-1]
+    BV = min(RECUR_BV, V)
+    snap_n = snap_slot = slots
+    if snaps is not None:
+        snap_n, snap_slot = snaps
+    if B and L:
+        _kda_recur_kernel[(B, H, V // BV)](
+            q if q is not None else k, k, v, g, beta, o if o is not None else v, ssm, slots,
+            n if n is not None else slots, snap_n, snap_slot, H, ssm.stride(0), L=L, K=K, V=V, BV=BV,
+            ALL_STEPS=n is None, HAS_OUT=o is not None, WRITE_STATE=write_state, HAS_SNAP=snaps is not None,
+            num_warps=4)
 
 
 def kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale):
@@ -92,17 +263,58 @@ def kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_b
         from kestrel.ops.kda.reference import kda_decode as ref
         return ref(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale)
     B = mixed.shape[0]
-    H, K, V = ssm.shape[1:]
-    W = conv_weight.shape[1]
-    assert conv_state[0].is_contiguous() and ssm[0].is_contiguous() and ssm.dtype == torch.float32
-    assert mixed.shape[1] == H * (2 * K + V) == conv_state.shape[2], "mixed / conv_state channel mismatch"
-    o = torch.empty(B, H, V, dtype=mixed.dtype, device=mixed.device)
-    if mixed.stride(-1) != 1:
-        mixed = mixed.contiguous()
-    if B:
-        _kda_decode_kernel[(B, H)](
-            mixed, conv_weight.contiguous(), conv_state, ssm, slots, raw_gate.contiguous(), A_log, dt_bias,
-            beta.contiguous(), o, H, mixed.stride(0), conv_state.stride(0), ssm.stride(0),
-            0.0 if lower_bound is None else float(lower_bound), float(scale),
-            K=K, V=V, W=W, BW=triton.next_power_of_2(W), SAFE_GATE=lower_bound is not None, num_warps=8 if K * V >= 128 * 128 else 4)
-    return o
+    H, K, V = _checked(mixed, conv_state, ssm)
+    x = (mixed if mixed.stride(-1) == 1 else mixed.contiguous()).unsqueeze(1)  # rows may be strided
+    q, k, v, g = _launch_prep(x, conv_weight, conv_state, slots, raw_gate, A_log, dt_bias, lower_bound, scale,
+                              H, K, V, write_tail=True)
+    o = torch.empty(B, 1, H, V, dtype=mixed.dtype, device=mixed.device)
+    _launch_recur(q, k, v, g, beta.contiguous(), o, ssm, slots, None, None, write_state=True)
+    return o.view(B, H, V)
+
+
+def kda_verify(x, raw_gate, beta, lens, conv_weight, conv_state, ssm, slots, A_log, dt_bias, lower_bound, scale,
+               snapshot_states: bool = False):
+    """See reference.kda_verify; `lens` may be a device tensor. fp64 and the snapshot baseline go to the reference.
+    The record's steps past a block's length hold that step's real inputs (the fold never reaches them)."""
+    from kestrel.ops.kda import reference as R
+
+    if x.dtype == torch.float64 or snapshot_states:
+        if isinstance(lens, torch.Tensor):
+            lens = lens.tolist()
+        return R.kda_verify(x, raw_gate, beta, lens, conv_weight, conv_state, ssm, slots, A_log, dt_bias, lower_bound,
+                            scale, snapshot_states)
+    B, L, C = x.shape
+    H, K, V = _checked(x, conv_state, ssm)
+    x, beta = x.contiguous(), beta.contiguous()
+    q, k, v, g = _launch_prep(x, conv_weight, conv_state, slots, raw_gate, A_log, dt_bias, lower_bound, scale,
+                              H, K, V, write_tail=False)
+    o = torch.zeros(B, L, H, V, dtype=x.dtype, device=x.device)
+    _launch_recur(q, k, v, g, beta, o, ssm, slots, _device_ints(lens, x.device), None, write_state=False)
+    return o, R.KDAReplay(x, k, v, g, beta)
+
+
+def kda_fold(rec, conv_state, ssm, slots, commit, snapshots=None) -> None:
+    """See reference.kda_fold; `commit` may be a device tensor. The snapshot baseline and fp64 go to the
+    reference."""
+    from kestrel.ops.kda import reference as R
+
+    if rec.states is not None or rec.x.dtype == torch.float64:
+        if isinstance(commit, torch.Tensor):
+            commit = commit.tolist()
+        return R.kda_fold(rec, conv_state, ssm, slots, commit, snapshots)
+    B, L, C = rec.x.shape
+    H, K, V = _checked(rec.x, conv_state, ssm)
+    W = conv_state.shape[1] + 1
+    n = _device_ints(commit, rec.x.device)
+    snaps = None
+    if snapshots is not None and any(s is not None for s in snapshots):
+        snaps = (_device_ints([0 if s is None else s[0] for s in snapshots], rec.x.device),
+                 _device_ints([0 if s is None else s[1] for s in snapshots], rec.x.device))
+    if not B:
+        return
+    _launch_recur(None, rec.k, rec.v, rec.g, rec.beta, None, ssm, slots, n, snaps, write_state=True)
+    BC = 256
+    s_n, s_slot = snaps if snaps is not None else (n, n)
+    _kda_tail_kernel[(B, triton.cdiv(C, BC))](rec.x, conv_state, slots, n, s_n, s_slot, H, conv_state.stride(0),
+                                             L=L, K=K, V=V, W=W, BW=triton.next_power_of_2(W), BC=BC,
+                                             HAS_SNAP=snaps is not None, num_warps=4)

@@ -5,5 +5,6 @@ import torch.nn.functional as F
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [M, K], weight [N, K] -> [M, N] in x's dtype."""
-    return F.linear(x, weight)
+    """x [..., K], weight [N, K] -> [..., N] in the wider of the two dtypes."""
+    dt = torch.promote_types(x.dtype, weight.dtype)
+    return F.linear(x.to(dt), weight.to(dt))

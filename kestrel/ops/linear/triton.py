@@ -1,4 +1,4 @@
-"""Triton GEMV for decode-sized batches (M <= 4): each program streams BN full weight rows in BK-wide, 16-byte
+"""Triton GEMV for decode-sized batches (M <= 8): each program streams BN full weight rows in BK-wide, 16-byte
 loads and keeps the M input rows in registers; no tensor cores (the work is pure weight bandwidth)."""
 
 import torch
@@ -25,15 +25,19 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, M, N, K: tl.constexpr, BM: tl.constexpr, B
              mask=(rm[:, None] < M) & (rows[None, :] < N))
 
 
+# (rows per program, K per step) override for benchmarks/kernels.py's tile sweep; None = the rule below
+TILE = None
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [M <= 4, K] @ weight[N, K]^T -> [M, N] in x's dtype (fp32 accumulation)."""
+    """x [M <= 8, K] @ weight[N, K]^T -> [M, N] in the wider dtype of the two (fp32 accumulation)."""
     M, K = x.shape
     N = weight.shape[0]
-    assert M <= 4 and weight.is_contiguous()
+    assert M <= 8 and weight.is_contiguous()
     x = x.contiguous()
-    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    BN = 8 if N >= 1024 else 4
-    BK = min(512, triton.next_power_of_2(K))
+    y = torch.empty(M, N, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    BN, BK = TILE or (8 if N > 4096 else 4, 512)
+    BK = min(BK, triton.next_power_of_2(K))
     if M:
         _gemv_kernel[(triton.cdiv(N, BN),)](x, weight, y, M, N, K=K, BM=triton.next_power_of_2(M), BN=BN, BK=BK,
                                            num_warps=4, num_stages=1)
