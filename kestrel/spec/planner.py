@@ -67,8 +67,10 @@ class StepProfile:
 
 
 class VerifyPlanner:
-    def __init__(self, profile: StepProfile, min_batch: int = 8):
-        self.profile, self.min_batch = profile, min_batch
+    def __init__(self, profile: StepProfile, min_batch: int = 8, margin: float = 1.05):
+        # prune only where the profile predicts a clear gain over verifying every draft: the profile is timed, so
+        # a plan within its noise of verify-all is as likely to lose as to win
+        self.profile, self.min_batch, self.margin = profile, min_batch, margin
 
     def plan(self, confidence: torch.Tensor, max_drafts: list[int]) -> list[int]:
         """confidence [B, gamma]: P(target accepts position i | it accepted < i). Returns drafts kept per request."""
@@ -91,4 +93,5 @@ class VerifyPlanner:
             rate = expected / self.profile.cost(B, tokens, longest)
             if rate > best_rate:
                 best_rate, best = rate, list(kept)
-        return best
+        full_rate = expected / self.profile.cost(B, tokens, longest)
+        return best if best_rate > self.margin * full_rate else list(max_drafts)

@@ -84,11 +84,13 @@ class SpecWorker:
             drafted = draft.tokens.tolist()
         drafts = [drafted[i][: keep[i]] for i in range(B)]
         lens = [1 + k for k in keep]
-        L = max(lens)
+        # below the planner every block is verified whole: use the full-block graph even when requests near their
+        # end draft less (a graph per block length would be captured mid-serving)
+        L = self.gamma + 1 if self.graphs is not None and not planning else max(lens)
         with record_function("spec.verify"):
             # every block padded to the longest: past its own length a block's tokens are no-ops (see ForwardMode)
             ids = torch.cat([x0.view(B, 1), draft.tokens], dim=1)[:, :L].reshape(-1)
-            fb = self._forward_batch(b, ids, lens)
+            fb = self._forward_batch(b, ids, lens, L)
             out = self._target(fb)
             self.window_bytes = sum(rec.nbytes() for rec in fb.replay.values())
             top = out.logits.argmax(-1).tolist() if any(st.params.greedy for st in b.sampling_states) else None
@@ -132,29 +134,29 @@ class SpecWorker:
             return self.graphs.run(fb)
         return self.runner.model(fb)
 
-    def _forward_batch(self, b: Batch, ids: torch.Tensor, lens: list[int]) -> ForwardBatch:
-        """The VERIFY batch of blocks padded to the longest: padding tokens write their latents to the scratch page
-        and attend to their block's real keys only."""
+    def _forward_batch(self, b: Batch, ids: torch.Tensor, lens: list[int], L: int | None = None) -> ForwardBatch:
+        """The VERIFY batch of blocks padded to L (default: the longest): padding tokens write their latents to the
+        scratch page and attend to their block's real keys only. Built with tensor ops (no per-token Python)."""
         r, dev = self.runner, self.runner.device
         ps = r.mem.page_size
-        L = max(lens)
-        scratch = r.mem.scratch_page * ps
-        positions, locs, keys = [], [], []
-        for row, p, n in zip(b.page_table, b.prefix_lens, lens):
-            for i in range(p, p + L):
-                positions.append(i)
-                locs.append(row[i // ps] * ps + i % ps if i < p + n else scratch)
-                keys.append(min(i, p + n - 1) + 1)
+        B, L = len(lens), L or max(lens)
         width = max(len(row) for row in b.page_table)
         pad = r.mem.scratch_page
-        table = torch.tensor([row + [pad] * (width - len(row)) for row in b.page_table], dtype=torch.int32, device=dev)
-        return ForwardBatch(ForwardMode.VERIFY, ids, torch.tensor(positions, device=dev), [L] * len(lens),
-                            list(b.prefix_lens), mem=r.mem, page_table=table,
-                            out_cache_loc=torch.tensor(locs, dtype=torch.long, device=dev),
+        table = torch.tensor([row + [pad] * (width - len(row)) for row in b.page_table], dtype=torch.int32)
+        prefix = torch.tensor(b.prefix_lens, dtype=torch.long).view(B, 1)
+        n = torch.tensor(lens, dtype=torch.long).view(B, 1)
+        pos = prefix + torch.arange(L).view(1, L)  # [B, L]
+        real = pos < prefix + n
+        page = table.gather(1, torch.where(real, pos // ps, 0).clamp_max(width - 1)).long()
+        locs = torch.where(real, page * ps + pos % ps, pad * ps)
+        keys = torch.minimum(pos, prefix + n - 1) + 1
+        host = torch.cat([pos.view(-1), locs.view(-1), keys.view(-1), n.view(-1)])
+        pos_t, locs_t, keys_t, lens_t = host.to(dev, non_blocking=True).split([B * L, B * L, B * L, B])
+        return ForwardBatch(ForwardMode.VERIFY, ids, pos_t, [L] * B, list(b.prefix_lens), mem=r.mem,
+                            page_table=table.to(dev, non_blocking=True), out_cache_loc=locs_t,
                             state_slots=torch.tensor(b.state_slots, dtype=torch.long, device=dev),
                             capture_layers=self.layers, spec_rollback=self.rollback,
-                            verify_lens_t=torch.tensor(lens, dtype=torch.int32, device=dev),
-                            key_lens_t=torch.tensor(keys, dtype=torch.int32, device=dev))
+                            verify_lens_t=lens_t.to(torch.int32), key_lens_t=keys_t.to(torch.int32))
 
     # ---- planning
     @staticmethod
@@ -204,7 +206,7 @@ class SpecWorker:
         with torch.inference_mode():
             for L in range(1, self.gamma + 2):  # warm-up (and, on CUDA, the graph of every block length)
                 step([L] * batch)
-            rows = StepProfile.measure(step, [batch], self.gamma, repeats=2).table[batch]
+            rows = StepProfile.measure(step, [batch], self.gamma, repeats=5 if dev.type == "cuda" else 2).table[batch]
         log.info("verify profile at batch %d (longest block: one / all): %s", batch,
                  ", ".join(f"{L}:{one * 1e3:.1f}/{full * 1e3:.1f}ms" for L, (one, full) in rows.items()))
         return [(L, one, full) for L, (one, full) in rows.items()]

@@ -138,7 +138,7 @@ def test_graph_verify_matches_eager_and_folds_like_decode(dtype):
     runner = VerifyGraphRunner(model, mem, (1, 4), L, 8, (1, 3))
     f_g = fb()
     graphed = runner.run(f_g)
-    assert torch.equal(torch.cat([t[slots] for t in states]), torch.cat([s[slots] for s in snap])), "verify wrote state"
+    assert all(torch.equal(t[slots], s[slots]) for t, s in zip(states, snap)), "verify wrote state"
     logits_g, cap_g = graphed.logits.clone(), graphed.captured[3].clone()
     folded_g = fold(f_g)
     restore()

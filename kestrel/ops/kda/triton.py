@@ -85,7 +85,7 @@ def _delta_update(S, k, v, g, beta):
 
 @triton.jit
 def _kda_prep_kernel(x_ptr, w_ptr, conv_ptr, slots_ptr, raw_ptr, alog_ptr, dtb_ptr, q_ptr, k_ptr, v_ptr, g_ptr,
-                     H, stride_xb, stride_conv, lower_bound, scale, L: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     H, stride_xb, stride_conv, lower_bound, scale, L, K: tl.constexpr, V: tl.constexpr,
                      W: tl.constexpr, BW: tl.constexpr, SAFE_GATE: tl.constexpr, WRITE_TAIL: tl.constexpr):
     """Step t of block b, head h: conv window rows t .. t + W - 1 of [tail, x_b], SiLU, L2 norm, gate. Writes q
     (scaled, fp32), k, v (activation dtype) and g (fp32) of the step; WRITE_TAIL (decode, L = 1) shifts the tail."""
