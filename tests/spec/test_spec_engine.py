@@ -119,6 +119,19 @@ def test_planner_keeps_positions_while_they_pay():
         assert rate(kept) >= rate([3] * 16) - 1e-12
 
 
+def test_planner_counts_the_fixed_part_of_a_step():
+    """A step's drafting, acceptance and fold cost the same whatever is pruned: with them priced in, cutting the
+    steep last position no longer pays. A plan within the margin of verify-all verifies everything."""
+    prof = StepProfile({16: [(1, 1.0, 1.0), (2, 1.0, 1.0), (3, 2.0, 2.0), (4, 4.0, 4.0)]})
+    conf = torch.full((16, 3), 0.9)
+    assert VerifyPlanner(prof).plan(conf, [3] * 16) == [1] * 16
+    assert VerifyPlanner(prof, fixed=3.0).plan(conf, [3] * 16) == [2] * 16  # 43.4 / 5 against 55.0 / 7
+    assert VerifyPlanner(prof, fixed=100.0).plan(conf, [3] * 16) == [3] * 16
+    # fixed 5: two drafts (43.4 / 7) beat verify-all (55.0 / 9) by 1.3%, inside the margin
+    assert VerifyPlanner(prof, fixed=5.0).plan(conf, [3] * 16) == [3] * 16
+    assert VerifyPlanner(prof, fixed=5.0, margin=1.0).plan(conf, [3] * 16) == [2] * 16
+
+
 def test_planner_prices_ragged_blocks():
     """Packed cost (one long block among short ones is nearly free): confident requests keep their drafts, doubtful
     ones are cut; under padded cost the same confidences keep all or nothing."""
