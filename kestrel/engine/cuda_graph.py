@@ -202,6 +202,28 @@ class VerifyGraphRunner:
                      for layer, r in replay.items()}
         return type(out)(out.logits[:T], out.hidden[:T], {layer: c[:T] for layer, c in out.captured.items()})
 
+    @torch.no_grad()
+    def fold(self, commit: torch.Tensor) -> None:
+        """ReplaySSM's fold of the last replayed verify, as a graph of every KDA layer's fold over that graph's
+        records (captured on first use): commit [batch] int32 device tensor of steps to commit per block."""
+        from kestrel.ops import kda as kda_ops
+
+        bs, b, L = self.last
+        key = (b, L)
+        if key not in self.fold_graphs:
+            replay = self.outputs[key][1]
+            self.commit[:b].zero_()  # the capture's warm-ups commit nothing (a state rewritten with itself)
+
+            def fold_all():
+                for layer, rec in replay.items():
+                    kda_ops.fold(rec, self.mem.conv_state(layer), self.mem.ssm_state(layer), self.state_slots[:b],
+                                 self.commit[:b])
+
+            self.fold_graphs[key], _, self.pool = capture(fold_all, self.pool)
+        self.commit[:bs].copy_(commit, non_blocking=True)
+        self.commit[bs:b].zero_()
+        self.fold_graphs[key].replay()
+
 
 class DraftGraphRunner:
     """CUDA-graph drafting: the drafter's greedy `propose` (block forward + gamma corrections, no distributions)
@@ -246,25 +268,3 @@ class DraftGraphRunner:
         self.graphs[(b, confidence)].replay()
         out = self.outputs[(b, confidence)]
         return type(out)(out.tokens[:bs], None, None if out.confidence is None else out.confidence[:bs])
-
-    @torch.no_grad()
-    def fold(self, commit: torch.Tensor) -> None:
-        """ReplaySSM's fold of the last replayed verify, as a graph of every KDA layer's fold over that graph's
-        records (captured on first use): commit [batch] int32 device tensor of steps to commit per block."""
-        from kestrel.ops import kda as kda_ops
-
-        bs, b, L = self.last
-        key = (b, L)
-        if key not in self.fold_graphs:
-            replay = self.outputs[key][1]
-            self.commit[:b].zero_()  # the capture's warm-ups commit nothing (a state rewritten with itself)
-
-            def fold_all():
-                for layer, rec in replay.items():
-                    kda_ops.fold(rec, self.mem.conv_state(layer), self.mem.ssm_state(layer), self.state_slots[:b],
-                                 self.commit[:b])
-
-            self.fold_graphs[key], _, self.pool = capture(fold_all, self.pool)
-        self.commit[:bs].copy_(commit, non_blocking=True)
-        self.commit[bs:b].zero_()
-        self.fold_graphs[key].replay()

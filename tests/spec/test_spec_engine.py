@@ -132,6 +132,42 @@ def test_planner_counts_the_fixed_part_of_a_step():
     assert VerifyPlanner(prof, fixed=5.0, margin=1.0).plan(conf, [3] * 16) == [2] * 16
 
 
+def plan_loop(profile, confidence, max_drafts, fixed=0.0, margin=1.05):
+    """The planner written as the plain best-first scan (the oracle of the vectorised plan)."""
+    B = len(max_drafts)
+    surv = torch.cumprod(confidence.double(), 1)
+    kept, expected, tokens, longest = [0] * B, float(B), B, 1
+    best_rate, best = expected / (fixed + profile.cost(B, tokens, 1)), list(kept)
+    cands = sorted(((float(surv[r, i]), r, i) for r in range(B) for i in range(max_drafts[r])),
+                   key=lambda c: (-c[0], c[1], c[2]))
+    for s, r, i in cands:
+        kept[r], expected, tokens, longest = i + 1, expected + s, tokens + 1, max(longest, i + 2)
+        rate = expected / (fixed + profile.cost(B, tokens, longest))
+        if rate > best_rate:
+            best_rate, best = rate, list(kept)
+    return best if best_rate > margin * expected / (fixed + profile.cost(B, tokens, longest)) else list(max_drafts)
+
+
+def test_vectorised_planner_equals_the_scan():
+    g = torch.Generator().manual_seed(0)
+    for trial in range(60):
+        B = int(torch.randint(8, 40, (1,), generator=g))
+        gamma = int(torch.randint(1, 8, (1,), generator=g))
+        rows = {}
+        for bucket in (8, 16, 32, 64):
+            base = float(torch.rand(1, generator=g)) + 0.5
+            rows[bucket] = [(L, base + 0.1 * L * float(torch.rand(1, generator=g)), base + 0.3 * L) for L in range(1, gamma + 2)]
+        prof = StepProfile(rows)
+        conf = torch.rand(B, gamma, generator=g)
+        if trial % 5 == 0:
+            conf[:, : gamma // 2] = 1.0  # ties
+        max_drafts = torch.randint(0, gamma + 1, (B,), generator=g).tolist()
+        fixed = [0.0, 0.5, 3.0][trial % 3]
+        for margin in (1.0, 1.05):
+            assert VerifyPlanner(prof, fixed=fixed, margin=margin).plan(conf, max_drafts) == \
+                plan_loop(prof, conf, max_drafts, fixed, margin), trial
+
+
 def test_planner_prices_ragged_blocks():
     """Packed cost (one long block among short ones is nearly free): confident requests keep their drafts, doubtful
     ones are cut; under padded cost the same confidences keep all or nothing."""
