@@ -145,7 +145,8 @@ def verify_step(cfg, model, setup, args, log, block: int = 8):
     fb = ForwardBatch(ForwardMode.VERIFY, torch.randint(3, cfg.vocab_size, (block,), device="cuda"),
                       torch.arange(ctx, ctx + block, device="cuda"), [block], [ctx], mem=setup.mem,
                       page_table=setup.page_table[:1], out_cache_loc=torch.tensor(locs, device="cuda"),
-                      state_slots=setup.slots[:1], verify_lens_t=torch.tensor([block], dtype=torch.int32, device="cuda"),
+                      state_slots=setup.slots[:1],
+                      verify_lens_t=torch.tensor([block], dtype=torch.int32, device="cuda"),
                       key_lens_t=torch.arange(ctx + 1, ctx + block + 1, dtype=torch.int32, device="cuda"))
     runner = VerifyGraphRunner(model, setup.mem, (1,), block, setup.page_table.shape[1], ())
     t = cuda_time(lambda: runner.run(fb), warmup=2, iters=30)

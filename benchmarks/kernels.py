@@ -180,7 +180,8 @@ def bench_cold(log):
     for up in (4, 8, 16):
         for down in (2, 4, 8):
             moe_t.GEMV_UP_ROWS, moe_t.GEMV_DOWN_ROWS = (up, up), down
-            t = graph_time(cycle(lambda i: moe_t.moe_experts(x, sets[i], *routes[i], act), len(sets)), iters=4) / len(sets)
+            step = cycle(lambda i: moe_t.moe_experts(x, sets[i], *routes[i], act), len(sets))
+            t = graph_time(step, iters=4) / len(sets)
             row(log, f"moe gemv cold up={up} down={down}", "T=1 E=128 k=8 1024<->512", t,
                 note=f"{wbytes / t / 1e12:.2f} TB/s of expert weights")
     moe_t.GEMV_UP_ROWS, moe_t.GEMV_DOWN_ROWS = up0, down0

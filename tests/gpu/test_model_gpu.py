@@ -124,8 +124,10 @@ def test_graph_verify_matches_eager_and_folds_like_decode(dtype):
                 for i in range(L)]
         keys = [ctx + min(i, n - 1) + 1 for n in lens for i in range(L)]
         return ForwardBatch(ForwardMode.VERIFY, ids.reshape(-1), torch.arange(ctx, ctx + L, device="cuda").repeat(B),
-                            [L] * B, [ctx] * B, mem=mem, page_table=torch.tensor(pages, dtype=torch.int32, device="cuda"),
-                            out_cache_loc=torch.tensor(locs, device="cuda"), state_slots=torch.tensor(slots, device="cuda"),
+                            [L] * B, [ctx] * B, mem=mem,
+                            page_table=torch.tensor(pages, dtype=torch.int32, device="cuda"),
+                            out_cache_loc=torch.tensor(locs, device="cuda"),
+                            state_slots=torch.tensor(slots, device="cuda"),
                             capture_layers=(1, 3), verify_lens_t=torch.tensor(lens, dtype=torch.int32, device="cuda"),
                             key_lens_t=torch.tensor(keys, dtype=torch.int32, device="cuda"))
 

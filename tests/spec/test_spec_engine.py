@@ -156,7 +156,8 @@ def test_vectorised_planner_equals_the_scan():
         rows = {}
         for bucket in (8, 16, 32, 64):
             base = float(torch.rand(1, generator=g)) + 0.5
-            rows[bucket] = [(L, base + 0.1 * L * float(torch.rand(1, generator=g)), base + 0.3 * L) for L in range(1, gamma + 2)]
+            rows[bucket] = [(L, base + 0.1 * L * float(torch.rand(1, generator=g)), base + 0.3 * L)
+                            for L in range(1, gamma + 2)]
         prof = StepProfile(rows)
         conf = torch.rand(B, gamma, generator=g)
         if trial % 5 == 0:

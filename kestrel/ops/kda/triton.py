@@ -236,7 +236,8 @@ def _launch_prep(x, conv_weight, conv_state, slots, raw_gate, A_log, dt_bias, lo
     if B and L:
         _kda_prep_kernel[(B * L, H)](
             x, conv_weight.contiguous(), conv_state, slots, raw_gate.contiguous(), A_log, dt_bias, q, k, v, g, H,
-            x.stride(0), conv_state.stride(0), 0.0 if lower_bound is None else float(lower_bound), float(scale), L=L, K=K, V=V,
+            x.stride(0), conv_state.stride(0), 0.0 if lower_bound is None else float(lower_bound), float(scale), L=L,
+            K=K, V=V,
             W=W, BW=triton.next_power_of_2(W), SAFE_GATE=lower_bound is not None, WRITE_TAIL=write_tail,
             num_warps=4)
     return q, k, v, g
