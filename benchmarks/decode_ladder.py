@@ -125,7 +125,7 @@ def ladder(cfg, model, args, log, floor_s):
     linear_ops.GEMV_MAX_M = gemv
     runner = DecodeGraphRunner(model, setup.mem, batch_sizes=(1,), max_pages_per_seq=setup.page_table.shape[1])
     runner.capture()
-    stage("CUDA graph, + Triton GEMV linears (M <= 8)", lambda: runner.run(fb), 50)
+    stage("CUDA graph, + Triton GEMV for one-row linears", lambda: runner.run(fb), 50)
     del runner
     kernel_breakdown(lambda: model(fb), log)
     verify_step(cfg, model, setup, args, log)

@@ -22,6 +22,17 @@ def _setup(dtype, fuse=False):
     return cfg, model, mem
 
 
+def _live_sequences(mem, B: int):
+    """B sequences with 4 pages and a state slot each, every cache and state filled with random values."""
+    pages = [mem.kv.pages.alloc(4) for _ in range(B)]
+    slots = mem.state.slots.alloc(B)
+    for t in mem.kv.buffers.values():
+        t.normal_()
+    for t in list(mem.state.conv.values()) + list(mem.state.ssm.values()):
+        t.normal_(std=0.1)
+    return pages, slots
+
+
 def rel(a, b):
     a, b = a.double(), b.double()
     assert torch.isfinite(a).all()
@@ -58,12 +69,7 @@ def test_graph_decode_matches_eager(fuse):
 
     cfg, model, mem = _setup(torch.float32, fuse)
     B, ctx, ps = 3, 40, 16
-    pages = [mem.kv.pages.alloc(4) for _ in range(B)]
-    slots = mem.state.slots.alloc(B)
-    for t in mem.kv.buffers.values():
-        t.normal_()
-    for t in list(mem.state.conv.values()) + list(mem.state.ssm.values()):
-        t.normal_(std=0.1)
+    pages, slots = _live_sequences(mem, B)
     pt = torch.tensor(pages, dtype=torch.int32, device="cuda")
     runner = DecodeGraphRunner(model, mem, batch_sizes=(1, 4), max_pages_per_seq=8)
     runner.capture()
@@ -99,12 +105,7 @@ def test_graph_verify_matches_eager_and_folds_like_decode(dtype):
 
     cfg, model, mem = _setup(dtype, fuse=True)
     B, ctx, ps, L = 3, 40, 16, 6
-    pages = [mem.kv.pages.alloc(4) for _ in range(B)]
-    slots = mem.state.slots.alloc(B)
-    for t in mem.kv.buffers.values():
-        t.normal_()
-    for t in list(mem.state.conv.values()) + list(mem.state.ssm.values()):
-        t.normal_(std=0.1)
+    pages, slots = _live_sequences(mem, B)
     states = list(mem.state.conv.values()) + list(mem.state.ssm.values())
     snap = [t.clone() for t in states]
     kv_snap = [t.clone() for t in mem.kv.buffers.values()]
