@@ -52,14 +52,15 @@ def kda_update(state: torch.Tensor, k, v, g, beta) -> None:
     dt = state.dtype
     k, v, g, beta = (t.to(dt) for t in (k, v, g, beta))
     state.mul_(torch.exp(g).unsqueeze(-1))
-    u = v - torch.einsum("nhkv,nhk->nhv", state, k)
-    state.add_((beta.unsqueeze(-1) * k).unsqueeze(-1) * u.unsqueeze(-2))
+    # batched matmuls, not einsum: on CPU einsum's permute + copy made a batch-64 decode step ~10x slower
+    u = v - (k.unsqueeze(-2) @ state).squeeze(-2)
+    state.addcmul_((beta.unsqueeze(-1) * k).unsqueeze(-1), u.unsqueeze(-2))
 
 
 def kda_step(state: torch.Tensor, q, k, v, g, beta, scale: float) -> torch.Tensor:
     """One recurrence step (kda_update, then the read o = S^T (scale q)); returns o [N, H, V] in the state dtype."""
     kda_update(state, k, v, g, beta)
-    return torch.einsum("nhkv,nhk->nhv", state, q.to(state.dtype) * scale)
+    return ((q.to(state.dtype) * scale).unsqueeze(-2) @ state).squeeze(-2)
 
 
 def kda_recurrent(q, k, v, g, beta, scale: float | None = None, initial_state: torch.Tensor | None = None):
