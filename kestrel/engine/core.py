@@ -120,7 +120,7 @@ class EngineCore:
         s, mm = self.scheduler.stats, self.mm
         kv_total, slot_total = mm.kv.pages.capacity, mm.state.slots.capacity
         cache_pages, cache_slots = mm.cache.owned()
-        return {
+        out = {
             "num_running_reqs": sum(1 for r in self.scheduler.running if not r.finished),
             "num_waiting_reqs": len(self.scheduler.waiting),
             "prompt_tokens_total": s.prompt_tokens,
@@ -139,3 +139,10 @@ class EngineCore:
             "state_usage": (slot_total - mm.num_free_slots) / max(slot_total, 1),
             "page_size": self.args.page_size,
         }
+        if self.args.speculative:
+            out.update(spec_verify_steps_total=s.spec_verify_steps, spec_draft_tokens_total=s.spec_draft_tokens,
+                       spec_accepted_tokens_total=s.spec_accepted_tokens,
+                       # tokens per verify step since start (accepted drafts + the target's token): SGLang's
+                       # accept length
+                       spec_accept_length=(s.spec_accepted_tokens + s.spec_verify_steps) / max(s.spec_verify_steps, 1))
+        return out

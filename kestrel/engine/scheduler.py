@@ -33,6 +33,10 @@ class SchedulerStats:
     forwards: int = 0
     finished: int = 0
     decode_steps: int = 0
+    # speculative decoding, summed over requests: verify steps, drafts verified (after the planner), drafts accepted
+    spec_verify_steps: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
     started: float = field(default_factory=time.monotonic)
 
 
@@ -345,6 +349,9 @@ class Scheduler:
             r.computed_len += len(toks)
             r.spec_verify_ct += 1
             r.spec_accepted += len(toks) - 1
+            self.stats.spec_verify_steps += 1
+            self.stats.spec_draft_tokens += result.spec_drafted[i]
+            self.stats.spec_accepted_tokens += len(toks) - 1
             self.mm.cache.spec_after(r, result.spec_snapshots[i], self.mm)
             if r.finished:
                 continue

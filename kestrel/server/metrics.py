@@ -29,6 +29,10 @@ CORE_METRICS = {
     "kv_usage": "fraction of KV pages in use",
     "state_usage": "fraction of state slots in use",
     "page_size": "tokens per KV page",
+    "spec_verify_steps_total": "speculative verify steps (one per request per step)",
+    "spec_draft_tokens_total": "draft tokens verified (after the verify planner's cuts)",
+    "spec_accepted_tokens_total": "draft tokens accepted",
+    "spec_accept_length": "tokens per verify step since start (accepted drafts + the target's token)",
 }
 
 

@@ -116,6 +116,7 @@ def test_metrics(engine):
     engine.generate(input_ids=[1, 2, 3, 4], sampling_params={**GREEDY, "max_new_tokens": 3})
     m = engine.metrics()
     assert m["generation_tokens_total"] >= 3 and m["num_running_reqs"] == 0 and m["kv_pages_used"] == 0
+    assert "spec_accept_length" not in m  # speculative counters only when speculating
 
 
 def test_a_request_larger_than_the_pool_is_refused_not_hung(tiny64):

@@ -80,6 +80,11 @@ def test_trained_like_drafter_accepts_and_planner_keeps_output(tiny64, drafter_d
     accepted = sum(done[r.rid].spec_accepted for r in reqs)
     steps = sum(done[r.rid].spec_verify_ct for r in reqs)
     assert accepted / steps > 1.5
+    # the engine's counters (exported by /metrics) agree with the requests' meta_info
+    m = core.metrics()
+    assert m["spec_verify_steps_total"] == steps and m["spec_accepted_tokens_total"] == accepted
+    assert accepted <= m["spec_draft_tokens_total"] <= 4 * steps
+    assert m["spec_accept_length"] == pytest.approx((accepted + steps) / steps)
     core.shutdown()
 
 
