@@ -28,6 +28,11 @@ from kestrel.server.metrics import ServerMetrics
 log = logging.getLogger(__name__)
 
 
+
+def _retrieve(fut: asyncio.Future) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.debug("a message to the engine core was not delivered: %r", fut.exception())
+
 class EngineDead(Exception):
     """The engine core is gone (HTTP 503)."""
 
@@ -241,9 +246,16 @@ class EngineClient:
     def _send(self, msg: tuple) -> None:
         # NOBLOCK: with no high-water mark this never waits while the core is connected
         try:
-            self.to_core.send(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL), zmq.NOBLOCK)
+            sent = self.to_core.send(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL), zmq.NOBLOCK)
         except zmq.Again as e:  # no core on the other end
             raise EngineDead("the engine core is not reachable") from e
+        if isinstance(sent, asyncio.Future):
+            # the asyncio socket may report a peer that is gone on the future instead: the core's death is handled
+            # by its process sentinel, so only retrieve it (else asyncio logs it at exit)
+            if sent.done():  # a callback would wait for a loop turn that shutdown may never give it
+                _retrieve(sent)
+            else:
+                sent.add_done_callback(_retrieve)
 
     # ---- the receive loop
     async def _receive(self) -> None:

@@ -71,3 +71,15 @@ def test_dead_core_is_unhealthy_and_503_then_sigterm_exits_cleanly(server_flags)
             assert r.status_code == 503 and r.json()["error"]["code"] == 503
         assert srv.stop(signal.SIGTERM) == 0
         assert "shut down" in srv.log()
+
+
+def test_sigterm_to_server_and_core_at_once_exits_without_tracebacks(server_flags):
+    """What `kill` of the whole process group does: the core may be gone before the front end's shutdown message
+    reaches it. The front end must still exit 0, and log no exception that nobody retrieved."""
+    with LaunchedServer(server_flags + ["--disable-radix-cache"], env=ENV) as srv:
+        assert httpx.get(srv.url + "/metrics").status_code == 200
+        core = core_pid(srv.proc.pid)
+        os.kill(core, signal.SIGTERM)
+        assert srv.stop(signal.SIGTERM) == 0
+        assert _gone(core)
+        assert "shut down" in srv.log() and "Traceback" not in srv.log() and "never retrieved" not in srv.log()
