@@ -5,7 +5,9 @@ gamma + 1 new positions and its committed state slot. Here the drafter proposes 
 features kept from the request's previous forward, the planner trims each block, the target verifies every block
 in one VERIFY forward (KDA state read, not written; step inputs stored), the sampler's rules accept a prefix, and
 ReplaySSM folds exactly the committed steps into the state. The features at the last committed position are kept
-for the next draft.
+for the next draft. On CUDA the drafting, the verify forward and the fold each replay a CUDA graph (blocks are
+padded to one length for that), and a step synchronises with the host twice: to read the drafts and the target's
+greedy tokens.
 """
 
 import logging
