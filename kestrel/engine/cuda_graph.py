@@ -16,7 +16,16 @@ from kestrel.ops.kda import KDAReplay
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
-class DecodeGraphRunner:
+class _Buckets:
+    """Graphs captured per batch-size bucket: a batch replays the smallest bucket that holds it."""
+
+    batch_sizes: list[int]
+
+    def bucket(self, bs: int) -> int | None:
+        return next((b for b in self.batch_sizes if b >= bs), None)
+
+
+class DecodeGraphRunner(_Buckets):
     def __init__(self, model, mem, batch_sizes=DEFAULT_BATCH_SIZES, max_pages_per_seq: int = 64,
                  device: torch.device | str = "cuda"):
         self.model, self.mem = model, mem
@@ -49,9 +58,6 @@ class DecodeGraphRunner:
         for bs in reversed(self.batch_sizes):
             fb = self._batch(bs)
             self.graphs[bs], self.outputs[bs], self.pool = capture(lambda: self.model(fb), self.pool)
-
-    def bucket(self, bs: int) -> int | None:
-        return next((b for b in self.batch_sizes if b >= bs), None)
 
     def can_run(self, fb: ForwardBatch) -> bool:
         return (fb.mode == ForwardMode.DECODE and fb.mem is self.mem and not fb.capture_layers
@@ -106,7 +112,7 @@ def capture(fn, pool):
     return g, out, pool if pool is not None else g.pool()
 
 
-class VerifyGraphRunner:
+class VerifyGraphRunner(_Buckets):
     """CUDA-graph speculative verify: `model(ForwardBatch(VERIFY))` over blocks of one length L, per (batch-size
     bucket, L), captured the first time that pair runs (start-up warms the ones the engine will use).
 
@@ -147,9 +153,6 @@ class VerifyGraphRunner:
                             mem=self.mem, page_table=self.page_table[:bs], out_cache_loc=self.out_cache_loc[:T],
                             state_slots=self.state_slots[:bs], capture_layers=self.capture_layers,
                             verify_lens_t=self.verify_lens[:bs], key_lens_t=self.key_lens[:T])
-
-    def bucket(self, bs: int) -> int | None:
-        return next((b for b in self.batch_sizes if b >= bs), None)
 
     def can_run(self, fb: ForwardBatch) -> bool:
         return (fb.mode == ForwardMode.VERIFY and fb.mem is self.mem and fb.spec_rollback == "replay"
@@ -225,7 +228,7 @@ class VerifyGraphRunner:
         self.fold_graphs[key].replay()
 
 
-class DraftGraphRunner:
+class DraftGraphRunner(_Buckets):
     """CUDA-graph drafting: the drafter's greedy `propose` (block forward + gamma corrections, no distributions)
     per batch-size bucket and confidence on/off, captured on first use. Padding rows draft from zero features."""
 
@@ -239,9 +242,6 @@ class DraftGraphRunner:
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, bool], object] = {}
         self.pool = None
-
-    def bucket(self, bs: int) -> int | None:
-        return next((b for b in self.batch_sizes if b >= bs), None)
 
     def ensure(self, bs: int, confidence: bool) -> None:
         key = (self.bucket(bs), confidence)

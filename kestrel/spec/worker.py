@@ -99,8 +99,7 @@ class SpecWorker:
             # every block padded to the longest: past its own length a block's tokens are no-ops (see ForwardMode)
             ids = torch.cat([x0.view(B, 1), draft.tokens], dim=1)[:, :L].reshape(-1)
             fb = self._forward_batch(b, ids, lens, L)
-            graphed = self.graphs is not None and self.graphs.can_run(fb)
-            out = self.graphs.run(fb) if graphed else r.model(fb)
+            out, graphed = self._target(fb)
             self.window_bytes = sum(rec.nbytes() for rec in fb.replay.values())
             top = out.logits.argmax(-1).tolist() if any(st.params.greedy for st in b.sampling_states) else None
         t_verify = time.perf_counter() - t_verify
@@ -145,10 +144,10 @@ class SpecWorker:
         return res
 
     def _target(self, fb: ForwardBatch):
-        """The target's verify forward: a CUDA graph when one serves the batch, else eager."""
+        """The target's verify forward: a CUDA graph when one serves the batch, else eager; (output, graphed)."""
         if self.graphs is not None and self.graphs.can_run(fb):
-            return self.graphs.run(fb)
-        return self.runner.model(fb)
+            return self.graphs.run(fb), True
+        return self.runner.model(fb), False
 
     def _forward_batch(self, b: Batch, ids: torch.Tensor, lens: list[int], L: int | None = None) -> ForwardBatch:
         """The VERIFY batch of blocks padded to L (default: the longest): padding tokens write their latents to the

@@ -26,15 +26,16 @@ RECUR_BV = 32
 @triton.jit
 def _conv_window(x_ptr, stride_x, tail_ptr, t, ch, C, W: tl.constexpr, BW: tl.constexpr):
     """The W conv taps of step t for channels ch: rows t .. t + W - 1 of the window [tail (W - 1 rows), x rows],
-    as [BW, len(ch)] (rows past W are zero). Step 0 of a decode is the cached tail and the new input."""
+    as [BW, len(ch)] (rows past W and channels past C are zero). Step 0 of a decode is the cached tail and the new
+    input."""
     rw = tl.arange(0, BW)
     idx = t + rw
-    on = rw < W
-    in_tail = idx < W - 1
-    wt = tl.load(tail_ptr + idx[:, None] * C + ch[None, :], mask=(on & in_tail)[:, None], other=0.0)
-    wx = tl.load(x_ptr + (idx - (W - 1))[:, None] * stride_x + ch[None, :], mask=(on & (idx >= W - 1))[:, None],
+    on = (rw < W)[:, None] & (ch < C)[None, :]
+    in_tail = (idx < W - 1)[:, None]
+    wt = tl.load(tail_ptr + idx[:, None] * C + ch[None, :], mask=on & in_tail, other=0.0)
+    wx = tl.load(x_ptr + (idx - (W - 1))[:, None] * stride_x + ch[None, :], mask=on & (idx >= W - 1)[:, None],
                  other=0.0)
-    return tl.where(in_tail[:, None], wt, wx)
+    return tl.where(in_tail, wt, wx)
 
 
 @triton.jit
@@ -56,7 +57,8 @@ def _store_tail(tail_ptr, win, ch, C, W: tl.constexpr, BW: tl.constexpr):
     """Window rows 1 .. W - 1 become the tail (call after a barrier: other warps' lanes may still read the old
     tail)."""
     rw = tl.arange(0, BW)
-    tl.store(tail_ptr + (rw[:, None] - 1) * C + ch[None, :], win, mask=(rw[:, None] >= 1) & (rw[:, None] < W))
+    tl.store(tail_ptr + (rw[:, None] - 1) * C + ch[None, :], win,
+             mask=(rw[:, None] >= 1) & (rw[:, None] < W) & (ch < C)[None, :])
 
 
 @triton.jit
@@ -178,35 +180,15 @@ def _kda_tail_kernel(x_ptr, conv_ptr, slots_ptr, n_ptr, snap_n_ptr, snap_slot_pt
     tail = conv_ptr + slot * stride_conv
     xb = x_ptr + b * L * C
     if n > 0:
-        win = _conv_window_masked(xb, C, tail, n - 1, ch, C, W, BW)
+        win = _conv_window(xb, C, tail, n - 1, ch, C, W, BW)
         if HAS_SNAP:
             snap_n = tl.load(snap_n_ptr + b)
             if snap_n > 0:
                 dst = tl.load(snap_slot_ptr + b).to(tl.int64)
-                swin = _conv_window_masked(xb, C, tail, snap_n - 1, ch, C, W, BW)
-                _store_tail_masked(conv_ptr + dst * stride_conv, swin, ch, C, W, BW)
+                swin = _conv_window(xb, C, tail, snap_n - 1, ch, C, W, BW)
+                _store_tail(conv_ptr + dst * stride_conv, swin, ch, C, W, BW)
         tl.debug_barrier()
-        _store_tail_masked(tail, win, ch, C, W, BW)
-
-
-@triton.jit
-def _conv_window_masked(x_ptr, stride_x, tail_ptr, t, ch, C, W: tl.constexpr, BW: tl.constexpr):
-    """_conv_window for a channel block that may run past C."""
-    rw = tl.arange(0, BW)
-    idx = t + rw
-    on = (rw < W)[:, None] & (ch < C)[None, :]
-    in_tail = (idx < W - 1)[:, None]
-    wt = tl.load(tail_ptr + idx[:, None] * C + ch[None, :], mask=on & in_tail, other=0.0)
-    wx = tl.load(x_ptr + (idx - (W - 1))[:, None] * stride_x + ch[None, :], mask=on & (idx >= W - 1)[:, None],
-                 other=0.0)
-    return tl.where(in_tail, wt, wx)
-
-
-@triton.jit
-def _store_tail_masked(tail_ptr, win, ch, C, W: tl.constexpr, BW: tl.constexpr):
-    rw = tl.arange(0, BW)
-    tl.store(tail_ptr + (rw[:, None] - 1) * C + ch[None, :], win,
-             mask=(rw[:, None] >= 1) & (rw[:, None] < W) & (ch < C)[None, :])
+        _store_tail(tail, win, ch, C, W, BW)
 
 
 def _checked(x, conv_state, ssm):
