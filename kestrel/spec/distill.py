@@ -397,7 +397,10 @@ def run_distill(ns: argparse.Namespace) -> dict:
         raise ValueError(f"target {args.target!r} has no tokenizer: distillation prompts are text")
     tokenizer = Tokenizer(target.tokenizer_dir)
     t0 = time.perf_counter()
-    with Engine(model=args.target, device=args.device, dtype="float32" if device.type == "cpu" else "auto") as engine:
+    # fp32 everywhere: the labels come from the fp32 reference forward, and a bf16 engine's continuations would be
+    # cut at their first near-tie with it
+    with Engine(model=args.target, device=args.device, dtype="float32",
+                max_running_requests=max(256, args.gen_batch)) as engine:
         train = None if args.eval_only else prepare_split(args, "train", engine, model, tokenizer, args.progress)
         heldout = prepare_split(args, "heldout", engine, model, tokenizer, args.progress)
     prep_seconds = time.perf_counter() - t0
