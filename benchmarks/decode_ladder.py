@@ -26,6 +26,7 @@ from kestrel.mem.pools import KVPool, Memory, StatePool  # noqa: E402
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from kestrel.models.k3 import K3ForCausalLM  # noqa: E402
 from kestrel.models.presets import kimi_linear_subset, preset_config  # noqa: E402
+import kestrel.ops as ops  # noqa: E402
 from kestrel.ops import linear as linear_ops, reference_ops  # noqa: E402
 
 DT = torch.bfloat16
@@ -99,8 +100,9 @@ def ladder(cfg, model, args, log, floor_s):
         rows.append((name, t, 1 / t, floor_s / t))
         log(f"stage {name:<44} {t * 1e3:8.3f} ms/step {1 / t:8.1f} tok/s  floor fraction {floor_s / t:6.1%}")
 
-    gemv = linear_ops.GEMV_MAX_M
+    gemv, pdl = linear_ops.GEMV_MAX_M, ops.PDL
     linear_ops.GEMV_MAX_M = 0  # the stages before the GEMV one: every linear layer on cuBLAS
+    ops.PDL = False  # and before the last: plain launches
     with reference_ops():
         stage("eager, reference ops", lambda: model(fb), 5)
     stage("eager, Triton kernels", lambda: model(fb), 10)
@@ -126,8 +128,26 @@ def ladder(cfg, model, args, log, floor_s):
     runner = DecodeGraphRunner(model, setup.mem, batch_sizes=(1,), max_pages_per_seq=setup.page_table.shape[1])
     runner.capture()
     stage("CUDA graph, + Triton GEMV for one-row linears", lambda: runner.run(fb), 50)
+
+    def from_snapshot(fn):
+        for t, s in zip(states, snap):
+            t.copy_(s)
+        return fn().logits.float().clone()
+
+    plain = from_snapshot(lambda: runner.run(fb))
     del runner
+    ops.PDL = pdl
+    if pdl:
+        runner = DecodeGraphRunner(model, setup.mem, batch_sizes=(1,), max_pages_per_seq=setup.page_table.shape[1])
+        runner.capture()
+        stage("CUDA graph, + programmatic dependent launch", lambda: runner.run(fb), 50)
+        # the same kernels launched early: any missing wait would show as a race, so demand bit-equality
+        graphed = from_snapshot(lambda: runner.run(fb))
+        log(f"PDL graph bit-equal to plain launches: {torch.equal(graphed, plain)}")
+        del runner
+    ops.PDL = False  # a PDL kernel's time would include its wait for the one before
     kernel_breakdown(lambda: model(fb), log)
+    ops.PDL = pdl
     verify_step(cfg, model, setup, args, log)
     del setup
     return rows

@@ -17,7 +17,7 @@ from kestrel.models.layers.linear import Linear
 from kestrel.models.layers.norm import RMSNorm
 from kestrel.models.mla import MLAMixer
 from kestrel.models.moe import MoE, DenseFFN, activation
-from kestrel.ops.attn_res import attn_res, attn_res_norm
+from kestrel.ops.attn_res import attn_res, attn_res_settle
 from kestrel.ops.norm import add_rms_norm
 
 
@@ -78,16 +78,14 @@ class K3Model(nn.Module):
     def _settle(self, site, norm: RMSNorm, bank, partial, delta):
         """Apply the pending sublayer output `delta` to the stream and pre-norm the next sublayer's input, fused on
         GPU: AttnRes aggregation + RMSNorm, or residual add + RMSNorm. Returns (partial, normed input)."""
+        if site is not None and bank:
+            return attn_res_settle(bank, partial, delta, site.norm_weight, site.proj_weight[0], self.cfg.rms_norm_eps,
+                                   norm.weight, norm.eps)
         if delta is not None:
-            if site is not None and partial is not None:
-                partial = partial + delta
-            elif site is not None:
-                partial = delta
-            else:
+            if site is None:
                 return add_rms_norm(partial, delta, norm.weight, norm.eps)
-        if site is None or not bank:
-            return partial, norm(partial)
-        return partial, attn_res_norm(bank + [partial], site.vector(), self.cfg.rms_norm_eps, norm.weight, norm.eps)[1]
+            partial = delta if partial is None else partial + delta
+        return partial, norm(partial)
 
     def forward(self, fb: ForwardBatch) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         block = self.cfg.attn_res_block_size

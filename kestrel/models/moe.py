@@ -29,13 +29,15 @@ class DenseFFN(nn.Module):
         """gate and up projections as one GEMM (inference; no memory duplicated)."""
         self._fused = FusedLinears(self.gate_proj, self.up_proj)
 
-    def forward(self, x: torch.Tensor, gate_up: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """gate_up: the two input projections when a caller already computed them (a fused front-end GEMM)."""
+    def forward(self, x: torch.Tensor, gate_up: tuple[torch.Tensor, torch.Tensor] | None = None,
+                add: torch.Tensor | None = None) -> torch.Tensor:
+        """gate_up: the two input projections when a caller already computed them (a fused front-end GEMM); add: a
+        residual summed into the output (by the down projection's epilogue on GPU)."""
         fused = getattr(self, "_fused", None)
         if gate_up is None and fused is not None and fused.valid():
             gate_up = fused(x)
         a, b = gate_up if gate_up is not None else (self.gate_proj(x), self.up_proj(x))
-        return self.down_proj(moe_ops.activate(self.act, a, b))
+        return self.down_proj(moe_ops.activate(self.act, a, b), add)
 
 
 class Router(nn.Module):
@@ -99,5 +101,5 @@ class MoE(nn.Module):
         if hasattr(self, "routed_expert_up_proj"):
             y = self.routed_expert_up_proj(y)
         if hasattr(self, "shared_experts"):
-            y = y + self.shared_experts(x, shared_in)
+            y = self.shared_experts(x, shared_in, add=y)  # shared + routed: the add rides the down projection
         return y

@@ -6,6 +6,7 @@ Triton kernels run on CUDA tensors.
 
 import functools
 import importlib
+import os
 
 import torch
 
@@ -48,3 +49,29 @@ def kernel(module: str, name: str, t: torch.Tensor):
     except ModuleNotFoundError:
         return None
     return getattr(mod, name, None)
+
+
+# Programmatic dependent launch (Hopper and later): the decode kernels launch with it, signal their dependents as
+# soon as they start and wait for their predecessor (griddepcontrol.wait) before reading its outputs, so a kernel's
+# launch and prologue overlap the previous kernel's tail; the GEMV streams its weights before it waits. Every
+# PDL-launched kernel waits before it finishes, so completion stays transitive down the stream. KESTREL_PDL=0 (or
+# `ops.PDL = False` before the first launch of a kernel) turns it off.
+PDL = os.environ.get("KESTREL_PDL", "1") != "0"
+
+
+@functools.cache
+def _pdl_device(index: int) -> bool:
+    return os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl(t: torch.Tensor) -> bool:
+    """Whether kernels on t's device launch with programmatic dependent launch (pass as launch_pdl and PDL)."""
+    if not (PDL and t.is_cuda):
+        return False
+    return _pdl_device(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+def pdl_args(t: torch.Tensor) -> dict:
+    """Launch keywords of a PDL-aware kernel (one with a `PDL: tl.constexpr` that calls pdl_prologue)."""
+    on = pdl(t)
+    return {"PDL": on, "launch_pdl": on}

@@ -60,6 +60,26 @@ def test_attn_res(dtype, n):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 2, 6])
+@pytest.mark.parametrize("form", ["partial+delta", "delta", "partial"])
+def test_attn_res_settle(dtype, n, form):
+    """The decoder's fused step: P + delta written back exactly as torch adds, the site vector folded in-kernel."""
+    from kestrel.ops.attn_res import reference as R, triton as K
+    D = 64 if SMALL else 2048
+    bank = [rnd(5, D, dtype=dtype) for _ in range(n)]
+    p = rnd(5, D, dtype=dtype) if form != "delta" else None
+    d = rnd(5, D, dtype=dtype) if form != "partial" else None
+    kn, kp, nw = rnd(D, dtype=dtype), rnd(D, dtype=dtype, scale=D**-0.5), rnd(D, dtype=dtype)
+    p1, z1 = K.attn_res_settle(bank, p, d, kn, kp, 1e-5, nw, 1e-6)
+    p2, z2 = R.attn_res_settle(bank, p, d, kn, kp, 1e-5, nw, 1e-6)
+    if INTERPRET and dtype == torch.bfloat16:  # the interpreter truncates instead of rounding to bf16
+        assert rel(p1, p2) < TOL[dtype]
+    else:
+        assert torch.equal(p1, p2)
+    assert rel(z1, z2) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
 def test_kda_decode(dtype, lower_bound):
     from kestrel.ops.kda import reference as R, triton as K
@@ -227,8 +247,18 @@ def test_moe_experts(dtype, quant, kind):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("M", [1, 3, 4])
-def test_linear_gemv(dtype, M):
+@pytest.mark.parametrize("whole_tile", [True, False])
+def test_linear_gemv(dtype, M, whole_tile, monkeypatch):
     from kestrel.ops.linear import triton as K
+    if not whole_tile:  # the K-streaming path
+        monkeypatch.setattr(K, "PREFETCH_MAX", 0)
     N, Kd = (40, 96) if SMALL else (3000, 2048)
     x, w = rnd(M, Kd, dtype=dtype), rnd(N, Kd, dtype=dtype, scale=Kd**-0.5)
     assert rel(K.linear(x, w), torch.nn.functional.linear(x.float(), w.float())) < TOL[dtype]
+    # the residual epilogue rounds as the separate add would: bit-equal to GEMV-then-add
+    r = rnd(M, N, dtype=dtype)
+    y, ya = K.linear(x, w), K.linear(x, w, r)
+    if INTERPRET and dtype == torch.bfloat16:  # the interpreter truncates instead of rounding to bf16
+        assert rel(ya, y + r) < TOL[dtype]
+    else:
+        assert torch.equal(ya, y + r)

@@ -93,6 +93,43 @@ def test_graph_decode_matches_eager(fuse):
 
 
 @torch.no_grad()
+def test_pdl_graph_decode_bit_equals_plain_launches(monkeypatch):
+    """Programmatic dependent launch only moves launches earlier: a kernel that read its inputs before waiting for
+    the kernel producing them would race. Several batch-1 (GEMV) steps, graphed with PDL on and off from the same
+    caches, must give bit-identical logits and states."""
+    import kestrel.ops as ops
+    from kestrel.engine.cuda_graph import DecodeGraphRunner
+    from kestrel.models.forward_batch import ForwardBatch, ForwardMode
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs Hopper or later")
+    cfg, model, mem = _setup(torch.bfloat16, fuse=True)
+    ps = 16
+    pages, slots = _live_sequences(mem, 1)
+    pt = torch.tensor(pages, dtype=torch.int32, device="cuda")
+    tensors = list(mem.state.conv.values()) + list(mem.state.ssm.values()) + list(mem.kv.buffers.values())
+    snap = [t.clone() for t in tensors]
+    results = {}
+    for on in (False, True):
+        monkeypatch.setattr(ops, "PDL", on)
+        runner = DecodeGraphRunner(model, mem, batch_sizes=(1,), max_pages_per_seq=8)
+        runner.capture()
+        for t, s in zip(tensors, snap):
+            t.copy_(s)
+        logits = []
+        for step, ctx in enumerate(range(40, 46)):
+            fb = ForwardBatch(ForwardMode.DECODE, torch.tensor([5 + step], device="cuda"),
+                              torch.tensor([ctx], device="cuda"), [1], [ctx], mem=mem, page_table=pt,
+                              out_cache_loc=torch.tensor([pages[0][ctx // ps] * ps + ctx % ps], device="cuda"),
+                              state_slots=torch.tensor(slots, device="cuda"))
+            logits.append(runner.run(fb).logits.clone())
+        results[on] = (torch.stack(logits), [t.clone() for t in tensors])
+        del runner
+    assert torch.equal(results[True][0], results[False][0])
+    assert all(torch.equal(a, b) for a, b in zip(results[True][1], results[False][1]))
+
+
+@torch.no_grad()
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_graph_verify_matches_eager_and_folds_like_decode(dtype):
     """The CUDA-graph verify (padded blocks of mixed real lengths) gives the eager verify's logits, features and

@@ -17,10 +17,12 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+        """add: a residual summed into the output (in the GEMV's epilogue on GPU)."""
         if self.bias is not None:
-            return F.linear(x, self.weight, self.bias)
-        return linear_ops.linear(x, self.weight)
+            y = F.linear(x, self.weight, self.bias)
+            return y if add is None else y + add
+        return linear_ops.linear(x, self.weight, add)
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}"

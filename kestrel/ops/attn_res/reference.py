@@ -24,3 +24,14 @@ def attn_res_norm(values: list[torch.Tensor], w: torch.Tensor, eps: float, norm_
 
     h = attn_res(values, w, eps)
     return h, rms_norm(h, norm_weight, norm_eps)
+
+
+def attn_res_settle(bank: list[torch.Tensor], partial: torch.Tensor | None, delta: torch.Tensor | None,
+                    key_norm: torch.Tensor, key_proj: torch.Tensor, eps: float, norm_weight: torch.Tensor,
+                    norm_eps: float):
+    """One settle step of the block-AttnRes stream: P' = P + delta (delta alone when P is None; P when delta is),
+    then (P', RMSNorm(attn_res(bank + [P'], key_norm * key_proj))). The decoder's per-sublayer step, one kernel on
+    GPU."""
+    if delta is not None:
+        partial = delta if partial is None else partial + delta
+    return partial, attn_res_norm(bank + [partial], key_norm * key_proj, eps, norm_weight, norm_eps)[1]

@@ -17,6 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kestrel.ops import pdl_args
+from kestrel.ops.triton_utils import pdl_prologue
+
 from kestrel.ops.kda.triton_chunk import kda_chunked  # noqa: F401
 
 # V columns per recurrence program (more programs in flight at small batch)
@@ -88,9 +91,11 @@ def _delta_update(S, k, v, g, beta):
 @triton.jit
 def _kda_prep_kernel(x_ptr, w_ptr, conv_ptr, slots_ptr, raw_ptr, alog_ptr, dtb_ptr, q_ptr, k_ptr, v_ptr, g_ptr,
                      H, stride_xb, stride_conv, lower_bound, scale, L, K: tl.constexpr, V: tl.constexpr,
-                     W: tl.constexpr, BW: tl.constexpr, SAFE_GATE: tl.constexpr, WRITE_TAIL: tl.constexpr):
+                     W: tl.constexpr, BW: tl.constexpr, SAFE_GATE: tl.constexpr, WRITE_TAIL: tl.constexpr,
+                     PDL: tl.constexpr):
     """Step t of block b, head h: conv window rows t .. t + W - 1 of [tail, x_b], SiLU, L2 norm, gate. Writes q
     (scaled, fp32), k, v (activation dtype) and g (fp32) of the step; WRITE_TAIL (decode, L = 1) shifts the tail."""
+    pdl_prologue(PDL)
     bt = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     b = bt // L
@@ -126,10 +131,11 @@ def _kda_prep_kernel(x_ptr, w_ptr, conv_ptr, slots_ptr, raw_ptr, alog_ptr, dtb_p
 def _kda_recur_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slots_ptr, n_ptr, snap_n_ptr, snap_slot_ptr,
                       H, stride_ssm, L: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
                       ALL_STEPS: tl.constexpr, HAS_OUT: tl.constexpr, WRITE_STATE: tl.constexpr,
-                      HAS_SNAP: tl.constexpr):
+                      HAS_SNAP: tl.constexpr, PDL: tl.constexpr):
     """The recurrence of block b, head h, columns [vb * BV, (vb + 1) * BV) over its first n[b] stored steps (all L
     with ALL_STEPS), from its state slot. HAS_OUT writes o per step; WRITE_STATE writes the state back; HAS_SNAP
     also stores the state after snap_n[b] steps into slot snap_slot[b]."""
+    pdl_prologue(PDL)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     vb = tl.program_id(2)
@@ -167,10 +173,11 @@ def _kda_recur_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slot
 @triton.jit
 def _kda_tail_kernel(x_ptr, conv_ptr, slots_ptr, n_ptr, snap_n_ptr, snap_slot_ptr, H, stride_conv,
                      L: tl.constexpr, K: tl.constexpr, V: tl.constexpr, W: tl.constexpr, BW: tl.constexpr,
-                     BC: tl.constexpr, HAS_SNAP: tl.constexpr):
+                     BC: tl.constexpr, HAS_SNAP: tl.constexpr, PDL: tl.constexpr):
     """The fold's conv tails: block b's tail becomes window rows n .. n + W - 2 of [tail, x_b] (rows 1 .. W - 1 of
     step n - 1's window); with HAS_SNAP, rows snap_n .. into slot snap_slot. One program per (block, channel
     block): every program reads and writes only its own channels."""
+    pdl_prologue(PDL)
     b = tl.program_id(0).to(tl.int64)
     cb = tl.program_id(1)
     slot = tl.load(slots_ptr + b).to(tl.int64)
@@ -221,7 +228,7 @@ def _launch_prep(x, conv_weight, conv_state, slots, raw_gate, A_log, dt_bias, lo
             x.stride(0), conv_state.stride(0), 0.0 if lower_bound is None else float(lower_bound), float(scale), L=L,
             K=K, V=V,
             W=W, BW=triton.next_power_of_2(W), SAFE_GATE=lower_bound is not None, WRITE_TAIL=write_tail,
-            num_warps=4)
+            num_warps=4, **pdl_args(x))
     return q, k, v, g
 
 
@@ -237,7 +244,7 @@ def _launch_recur(q, k, v, g, beta, o, ssm, slots, n, snaps, write_state: bool):
             q if q is not None else k, k, v, g, beta, o if o is not None else v, ssm, slots,
             n if n is not None else slots, snap_n, snap_slot, H, ssm.stride(0), L=L, K=K, V=V, BV=BV,
             ALL_STEPS=n is None, HAS_OUT=o is not None, WRITE_STATE=write_state, HAS_SNAP=snaps is not None,
-            num_warps=4)
+            num_warps=4, **pdl_args(k))
 
 
 def kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale):
@@ -300,4 +307,4 @@ def kda_fold(rec, conv_state, ssm, slots, commit, snapshots=None) -> None:
     s_n, s_slot = snaps if snaps is not None else (n, n)
     _kda_tail_kernel[(B, triton.cdiv(C, BC))](rec.x, conv_state, slots, n, s_n, s_slot, H, conv_state.stride(0),
                                              L=L, K=K, V=V, W=W, BW=triton.next_power_of_2(W), BC=BC,
-                                             HAS_SNAP=snaps is not None, num_warps=4)
+                                             HAS_SNAP=snaps is not None, num_warps=4, **pdl_args(rec.x))

@@ -12,13 +12,18 @@ from kestrel.ops.linear import reference
 GEMV_MAX_M = 1
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., K] @ weight[N, K]^T -> [..., N] in the wider of the two dtypes (an fp32 router weight reads bf16
-    activations without a converted copy on the GEMV path)."""
+def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ weight[N, K]^T (+ add, a residual of the output's shape) -> [..., N] in the wider of the two
+    dtypes (an fp32 router weight reads bf16 activations without a converted copy on the GEMV path; the GEMV adds
+    `add` in its epilogue, rounding as the separate add would)."""
     rows = x.numel() // max(1, x.shape[-1])
-    if rows > GEMV_MAX_M or torch.float64 in (x.dtype, weight.dtype) or not weight.is_contiguous():
-        return reference.linear(x, weight)
+    out_dtype = torch.promote_types(x.dtype, weight.dtype)
+    if (rows > GEMV_MAX_M or torch.float64 in (x.dtype, weight.dtype) or not weight.is_contiguous()
+            or (add is not None and add.dtype != out_dtype)):
+        return reference.linear(x, weight, add)
     fn = kernel(__name__ + ".triton", "linear", x)
     if fn is None:
-        return reference.linear(x, weight)
-    return fn(x.reshape(rows, x.shape[-1]), weight).view(*x.shape[:-1], weight.shape[0])
+        return reference.linear(x, weight, add)
+    shape = (*x.shape[:-1], weight.shape[0])
+    return fn(x.reshape(rows, x.shape[-1]), weight,
+              None if add is None else add.reshape(rows, weight.shape[0])).view(shape)

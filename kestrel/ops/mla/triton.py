@@ -5,13 +5,18 @@ import torch
 import triton
 import triton.language as tl
 
+from kestrel.ops import pdl_args
+from kestrel.ops.triton_utils import pdl_prologue
+
 NUM_SMS = 132
 
 
 @triton.jit
 def _decode_split_kernel(ql_ptr, qr_ptr, kv_ptr, pt_ptr, sl_ptr, mo_ptr, ml_ptr,
                          H, R, DR, D, PS, MAXP, NS, scale, stride_page, stride_tok,
-                         BH: tl.constexpr, BR: tl.constexpr, BDR: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
+                         BH: tl.constexpr, BR: tl.constexpr, BDR: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
+                         PDL: tl.constexpr):
+    pdl_prologue(PDL)
     b = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
     sid = tl.program_id(2)
@@ -56,7 +61,9 @@ def _decode_split_kernel(ql_ptr, qr_ptr, kv_ptr, pt_ptr, sl_ptr, mo_ptr, ml_ptr,
 
 
 @triton.jit
-def _decode_combine_kernel(mo_ptr, ml_ptr, out_ptr, lse_ptr, R, NS, BR: tl.constexpr, BS: tl.constexpr):
+def _decode_combine_kernel(mo_ptr, ml_ptr, out_ptr, lse_ptr, R, NS, BR: tl.constexpr, BS: tl.constexpr,
+                           PDL: tl.constexpr):
+    pdl_prologue(PDL)
     bh = tl.program_id(0).to(tl.int64)
     rs = tl.arange(0, BS)
     rr = tl.arange(0, BR)
@@ -106,9 +113,9 @@ def mla_decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_ran
     _decode_split_kernel[(B, HB, NS)](
         q_lat.contiguous(), q_rope.contiguous(), kv_buffer, page_table.contiguous(), seq_lens, mo, ml,
         H, R, DR, D, PS, MAXP, NS, float(scale), kv_buffer.stride(0), kv_buffer.stride(1), BH=BH, BR=BR, BDR=max(16, triton.next_power_of_2(DR)),
-        BN=32 if BR >= 512 else 64, PREC=prec, num_warps=8 if BR >= 512 else 4, num_stages=2)
+        BN=32 if BR >= 512 else 64, PREC=prec, num_warps=8 if BR >= 512 else 4, num_stages=2, **pdl_args(kv_buffer))
     _decode_combine_kernel[(B * H,)](mo, ml, out, lse, R, NS, BR=BR, BS=max(2, triton.next_power_of_2(NS)),
-                                     num_warps=4)
+                                     num_warps=4, **pdl_args(mo))
     return out, lse
 
 

@@ -11,6 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kestrel.ops import pdl_args
+from kestrel.ops.triton_utils import pdl_prologue
+
 GEMV_MAX_PAIRS = 64
 # GEMV tiles: rows of the gate/up projection per program (fewer / at least 8 pairs), rows of the down projection
 # per program. `benchmarks/kernels.py --sections cold` sweeps them: at one token on the H200, (4, 2) streams the
@@ -21,7 +24,9 @@ GEMV_DOWN_ROWS = 2
 
 @triton.jit
 def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, E, scaling,
-                  TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, RENORM: tl.constexpr, BE: tl.constexpr):
+                  TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, RENORM: tl.constexpr, BE: tl.constexpr,
+                  PDL: tl.constexpr):
+    pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64)
     re = tl.arange(0, BE)
     em = re < E
@@ -60,7 +65,8 @@ def route(logits, correction_bias, top_k, renormalize, scaling, num_expert_group
         BE = triton.next_power_of_2(E)
         _route_kernel[(T,)](logits.contiguous(), correction_bias if correction_bias is not None else logits,
                             w, ids, E, float(scaling), TOPK=top_k, HAS_BIAS=correction_bias is not None,
-                            RENORM=bool(renormalize) and top_k > 1, BE=BE, num_warps=max(1, min(8, BE // 128)))
+                            RENORM=bool(renormalize) and top_k > 1, BE=BE, num_warps=max(1, min(8, BE // 128)),
+                            **pdl_args(logits))
     return w, ids
 
 
@@ -96,7 +102,8 @@ def _act(a, b, beta, linear_beta, SITU: tl.constexpr):
 
 @triton.jit
 def _gemv_up_kernel(x_ptr, ids_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, D: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, beta, linear_beta,
-                    BI: tl.constexpr, BK: tl.constexpr, QUANT: tl.constexpr, SITU: tl.constexpr):
+                    BI: tl.constexpr, BK: tl.constexpr, QUANT: tl.constexpr, SITU: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     p = tl.program_id(0).to(tl.int64)  # (token, slot) pair
     ib = tl.program_id(1)
     e = tl.load(ids_ptr + p)
@@ -118,7 +125,8 @@ def _gemv_up_kernel(x_ptr, ids_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, D: tl
 
 @triton.jit
 def _gemv_down_kernel(h_ptr, ids_ptr, wts_ptr, w2_ptr, s2_ptr, out_ptr, D: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr,
-                      BN: tl.constexpr, BK: tl.constexpr, QUANT: tl.constexpr):
+                      BN: tl.constexpr, BK: tl.constexpr, QUANT: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64)
     nb = tl.program_id(1)
     rows = nb * BN + tl.arange(0, BN)
@@ -243,11 +251,12 @@ def moe_experts(x, experts_weights, weights, ids, act):
         BI = GEMV_UP_ROWS[NP >= 8]
         _gemv_up_kernel[(NP, triton.cdiv(I, BI))](x, ids, w1, s1, w3, s3, h, D, I, TOPK, act.beta, act.linear_beta,
                                                  BI=BI, BK=min(512, triton.next_power_of_2(D)), QUANT=q, SITU=situ,
-                                                 num_warps=4)
+                                                 num_warps=4, **pdl_args(x))
         out = torch.empty(T, Dout, dtype=x.dtype, device=x.device)
         BN = GEMV_DOWN_ROWS
         _gemv_down_kernel[(T, triton.cdiv(Dout, BN))](h, ids, weights, w2, s2, out, Dout, I, TOPK, BN=BN,
-                                                      BK=min(512, triton.next_power_of_2(I)), QUANT=q, num_warps=4)
+                                                      BK=min(512, triton.next_power_of_2(I)), QUANT=q, num_warps=4,
+                                                      **pdl_args(h))
         return out
     BM = 64 if NP >= 4096 else 16
     pairs, bexp = _sort_pairs(ids, E, BM)
@@ -264,7 +273,9 @@ def moe_experts(x, experts_weights, weights, ids, act):
 
 
 @triton.jit
-def _activate_kernel(a_ptr, b_ptr, o_ptr, N, sa, sb, beta, linear_beta, SITU: tl.constexpr, BLOCK: tl.constexpr):
+def _activate_kernel(a_ptr, b_ptr, o_ptr, N, sa, sb, beta, linear_beta, SITU: tl.constexpr, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr):
+    pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < N
@@ -285,5 +296,5 @@ def activate(act, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     BLOCK = min(1024, triton.next_power_of_2(N))
     if T:
         _activate_kernel[(T, triton.cdiv(N, BLOCK))](a, b, out, N, a.stride(0), b.stride(0), act.beta, act.linear_beta,
-                                                   SITU=True, BLOCK=BLOCK, num_warps=4)
+                                                   SITU=True, BLOCK=BLOCK, num_warps=4, **pdl_args(a))
     return out

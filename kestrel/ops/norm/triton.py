@@ -4,6 +4,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kestrel.ops import pdl_args
+from kestrel.ops.triton_utils import pdl_prologue
+
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -15,7 +18,8 @@ def _warps(block: int) -> int:
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, eps, HAS_W: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, eps, HAS_W: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < D
@@ -41,12 +45,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     BLOCK = triton.next_power_of_2(D)
     if rows.shape[0]:
         _rms_norm_kernel[(rows.shape[0],)](rows, weight if weight is not None else rows, out, D, eps,
-                                           HAS_W=weight is not None, BLOCK=BLOCK, num_warps=_warps(BLOCK))
+                                           HAS_W=weight is not None, BLOCK=BLOCK, num_warps=_warps(BLOCK),
+                                           **pdl_args(rows))
     return out.view(*x.shape[:-1], D)
 
 
 @triton.jit
-def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, out_ptr, D, eps, BLOCK: tl.constexpr):
+def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, out_ptr, D, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < D
@@ -69,12 +75,13 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     BLOCK = triton.next_power_of_2(D)
     if rows.shape[0]:
         _gated_rms_norm_kernel[(rows.shape[0],)](rows, grows, weight, out, D, eps, BLOCK=BLOCK,
-                                                 num_warps=_warps(BLOCK))
+                                                 num_warps=_warps(BLOCK), **pdl_args(rows))
     return out.view(x.shape)
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, out_ptr, D, eps, BLOCK: tl.constexpr):
+def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, out_ptr, D, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < D
@@ -96,5 +103,5 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     BLOCK = triton.next_power_of_2(D)
     if rows.shape[0]:
         _add_rms_norm_kernel[(rows.shape[0],)](rows, res, weight, s, out, D, eps, BLOCK=BLOCK,
-                                               num_warps=_warps(BLOCK))
+                                               num_warps=_warps(BLOCK), **pdl_args(rows))
     return s.view(x.shape), out.view(x.shape)
