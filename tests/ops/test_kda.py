@@ -114,3 +114,26 @@ def test_conv_matches_torch_conv1d_and_is_length_invariant():
         assert torch.allclose(yt[0, 0], y[0, t], rtol=0, atol=1e-15)
         tail = win[:, 1:]
     assert torch.equal(tail, window[:, -(W - 1):])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_in_place_on_consecutive_slots_equals_gather_scatter(dtype):
+    """Consecutive slots let the CPU decode update the pool through a view; scattered ones take the gather /
+    scatter path. The same sequences in either layout: bit-identical outputs, conv tails and states."""
+    B, H, K = 4, 2, 8
+    C = 3 * H * K
+    sdt = ref.state_dtype_for(dtype)
+    g = torch.Generator().manual_seed(0)
+    mixed, raw = torch.randn(B, C, generator=g).to(dtype), torch.randn(B, H, K, generator=g).to(dtype)
+    beta = torch.rand(B, H, generator=g).to(dtype)
+    w, A_log, dt_bias = torch.randn(C, 4, generator=g).to(dtype), torch.randn(H, dtype=sdt), torch.randn(H * K, dtype=sdt)
+    conv0, ssm0 = torch.randn(B, 3, C, generator=g).to(dtype), torch.randn(B, H, K, K, generator=g, dtype=sdt)
+    out = {}
+    for layout, slots in (("view", torch.tensor([2, 3, 4, 5])), ("gather", torch.tensor([5, 2, 6, 3]))):
+        assert isinstance(ref.slot_rows(slots), slice) == (layout == "view")
+        conv, ssm = torch.zeros(8, 3, C, dtype=dtype), torch.zeros(8, H, K, K, dtype=sdt)
+        conv[slots], ssm[slots] = conv0, ssm0
+        o = ref.kda_decode(mixed, w, conv, ssm, slots, raw, A_log, dt_bias, -5.0, beta, K**-0.5)
+        out[layout] = (o, conv[slots], ssm[slots])
+    assert all(torch.equal(a, b) for a, b in zip(out["view"], out["gather"]))
+    assert not torch.equal(out["view"][2], ssm0)  # the states did advance

@@ -21,7 +21,9 @@ def layer_inputs(B, L, H=2, K=8, C=48, dtype=torch.float32, seed=0):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rollback", ["replay", "snapshot"])
-def test_fold_equals_plain_recurrence_bit_for_bit(dtype, rollback):
+@pytest.mark.parametrize("slot_layout", ["consecutive", "scattered"])
+def test_fold_equals_plain_recurrence_bit_for_bit(dtype, rollback, slot_layout):
+    """(consecutive slots: the CPU fold updates the pool through a view; scattered: gather, update, scatter)"""
     B, L, H, K = 5, 8, 2, 8
     C = 3 * H * K
     sdt = ref.state_dtype_for(dtype)
@@ -32,7 +34,7 @@ def test_fold_equals_plain_recurrence_bit_for_bit(dtype, rollback):
         conv = torch.randn(B + 1, 3, C).to(dtype)
         ssm = torch.randn(B + 1, H, K, K, dtype=sdt)
         A_log, dt_bias = torch.randn(H, dtype=sdt), torch.randn(H * K, dtype=sdt)
-        slots = torch.arange(1, B + 1)
+        slots = torch.arange(1, B + 1) if slot_layout == "consecutive" else torch.tensor([3, 1, 5, 2, 4])
         lens = [rng.randint(1, L) for _ in range(B)]
         before = (conv.clone(), ssm.clone())
         _, rec = ref.kda_verify(x, raw, beta, lens, w, conv, ssm, slots, A_log, dt_bias, -5.0, K**-0.5,

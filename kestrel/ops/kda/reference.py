@@ -208,17 +208,31 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, tail: torch.Tensor | No
     return F.silu(y), window
 
 
+def slot_rows(slots: torch.Tensor):
+    """`slots` as a slice when they are consecutive ascending ids on the CPU (then ssm[rows] is a view updated in
+    place, with no gather and scatter of whole states), else the index tensor itself. Same arithmetic either way."""
+    n = slots.numel()
+    if slots.is_cuda or n == 0:
+        return slots
+    first = int(slots[0])
+    if int(slots[-1]) - first != n - 1 or (n > 2 and not bool((slots.diff() == 1).all())):
+        return slots
+    return slice(first, first + n)
+
+
 def kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale):
     """Reference of the fused decode step (see kestrel.ops.kda.decode)."""
     B = mixed.shape[0]
     H, K, V = ssm.shape[1:]
-    y, window = causal_conv1d(mixed.unsqueeze(1), conv_weight, conv_state[slots])
-    conv_state[slots] = window[:, 1:]
+    rows = slot_rows(slots)
+    y, window = causal_conv1d(mixed.unsqueeze(1), conv_weight, conv_state[rows])
+    conv_state[rows] = window[:, 1:]
     q, k, v = y[:, 0].view(B, 3, H, -1).unbind(1)
     g = kda_gate(raw_gate, A_log, dt_bias, lower_bound)
-    state = ssm[slots]
+    state = ssm[rows]  # a view when rows is a slice: the step updates the pool in place
     o = kda_step(state, l2norm(q), l2norm(k), v, g, beta, scale)
-    ssm[slots] = state
+    if not isinstance(rows, slice):
+        ssm[slots] = state
     return o.to(v.dtype)
 
 
@@ -336,7 +350,8 @@ def kda_fold(rec: KDAReplay, conv_state, ssm, slots, commit: list[int], snapshot
             if snap is not None:
                 ssm[snap[1]] = rec.states[i, snap[0] - 1]
     else:
-        state = ssm[slots]
+        rows = slot_rows(slots)
+        state = ssm[rows]  # a view when rows is a slice (updated in place)
         steps = torch.tensor(commit, device=rec.x.device)
         for t in range(max(commit)):
             on = (steps > t).to(state.dtype)
@@ -345,7 +360,10 @@ def kda_fold(rec: KDAReplay, conv_state, ssm, slots, commit: list[int], snapshot
             for i, snap in enumerate(snapshots):
                 if snap is not None and snap[0] == t + 1:
                     ssm[snap[1]] = state[i]
-    ssm[slots] = state
+        if isinstance(rows, slice):
+            state = None
+    if state is not None:
+        ssm[slots] = state
     tails = torch.stack([window[i, c : c + W - 1] for i, c in enumerate(commit)])
     conv_state[slots] = tails.to(conv_state.dtype)
     for i, snap in enumerate(snapshots):
