@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 BUNDLED_DRAFTER = Path(__file__).resolve().parent.parent / "assets" / "k3-small-dspark"
 # below this many requests a step there is nothing for the planner to save (DESIGN §4)
 PLANNER_MIN_BATCH = 8
+# a gap between two speculative steps longer than this is the engine idling (no work), not per-step overhead
+IDLE_GAP_S = 0.25
 
 
 class SpecWorker:
@@ -47,9 +49,10 @@ class SpecWorker:
         self.features: dict[str, torch.Tensor] = {}  # rid -> target features at its last processed position
         self.use_planner = use_planner
         self.profile: dict[int, list[tuple[int, float, float]]] = {}
-        # per batch bucket: seconds a step spends outside the target's verify forward (EMA), which the planner adds
-        # to every plan's cost
+        # per batch bucket: seconds an engine iteration spends outside the target's verify forward (EMA): drafting,
+        # acceptance, fold, and the scheduler's own work between two steps. The planner adds it to every plan's cost.
         self.overhead: dict[int, float] = {}
+        self._last_end: float | None = None  # when the previous speculative step returned
         self.window_bytes = 0  # draft-window memory of the last verify (the rollback method's cost)
         self.graphs = self.draft_graphs = None
         if runner.device.type == "cuda" and not runner.args.disable_cuda_graph and rollback == "replay":
@@ -126,9 +129,15 @@ class SpecWorker:
             self.features[q.rid] = feats[i]
         res = BatchResult(tokens=[a.tokens[-1] for a in results], spec_tokens=[a.tokens for a in results],
                           spec_drafted=keep, spec_snapshots=taken)
+        t_end = time.perf_counter()
         if planning:
-            over, k = time.perf_counter() - t_start - t_verify, self._bucket(B)
+            over, k = t_end - t_start - t_verify, self._bucket(B)
+            # the host work between the previous step and this one (scheduling, result processing) is part of every
+            # step too; a longer gap is the engine idling, not overhead
+            between = t_start - self._last_end if self._last_end is not None else 0.0
+            over += between if 0.0 <= between < IDLE_GAP_S else 0.0
             self.overhead[k] = over if k not in self.overhead else 0.8 * self.overhead[k] + 0.2 * over
+        self._last_end = t_end
         if b.want_logprobs or b.top_logprobs_num:
             sel = torch.tensor([i * L + j for i, a in enumerate(results) for j in range(len(a.tokens))], device=dev)
             toks = torch.tensor([t for a in results for t in a.tokens], device=dev)

@@ -88,6 +88,32 @@ def test_trained_like_drafter_accepts_and_planner_keeps_output(tiny64, drafter_d
     core.shutdown()
 
 
+def test_planner_overhead_counts_host_time_between_steps(tiny64, drafter_dir):
+    """The fixed cost the planner adds to every plan includes the engine's host work between two speculative steps
+    (scheduling, result processing), not only drafting, acceptance and the fold: a 0.2 s stall between steps (below
+    the idle cut-off) must show in the per-bucket estimate; without it the planner underprices every step and
+    prunes drafts that pay."""
+    import time
+
+    from kestrel.spec.worker import IDLE_GAP_S
+
+    core = spec_core(tiny64, drafter_dir, speculative_num_draft_tokens=4, disable_overlap_schedule=True)
+    worker = core.runner.spec
+    worker.profile = {16: [(n, 1e-3 * (1 + 0.01 * n), 1e-3 * (1 + 0.05 * n)) for n in range(1, 6)]}
+    stall = 0.2
+    assert stall < IDLE_GAP_S
+    for p in random_prompts(8, seed=5, lo=5, hi=20):
+        core.add_request(core.make_request(p, {**G, "max_new_tokens": 30}))
+    steps = 0
+    while core.has_work():
+        core.step()
+        steps += 1
+        time.sleep(stall)
+    assert steps >= 8 and worker.overhead
+    assert min(worker.overhead.values()) > 0.5 * stall
+    core.shutdown()
+
+
 def test_rejection_sampling_matches_the_target_distribution():
     """Draft a fixed token, accept by p(d), resample from the residual: the first token is distributed as p."""
     V, n = 6, 6000
