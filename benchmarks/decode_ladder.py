@@ -100,7 +100,8 @@ def ladder(cfg, model, args, log, floor_s):
         rows.append((name, t, 1 / t, floor_s / t))
         log(f"stage {name:<44} {t * 1e3:8.3f} ms/step {1 / t:8.1f} tok/s  floor fraction {floor_s / t:6.1%}")
 
-    gemv, pdl = linear_ops.GEMV_MAX_M, ops.PDL
+    gemv, default_pdl = linear_ops.GEMV_MAX_M, ops.PDL
+    pdl = os.environ.get("KESTREL_PDL") != "0"  # the last stage (PDL is opt-in in the engine; KESTREL_PDL=0 skips it)
     linear_ops.GEMV_MAX_M = 0  # the stages before the GEMV one: every linear layer on cuBLAS
     ops.PDL = False  # and before the last: plain launches
     with reference_ops():
@@ -147,7 +148,7 @@ def ladder(cfg, model, args, log, floor_s):
         del runner
     ops.PDL = False  # a PDL kernel's time would include its wait for the one before
     kernel_breakdown(lambda: model(fb), log)
-    ops.PDL = pdl
+    ops.PDL = default_pdl
     verify_step(cfg, model, setup, args, log)
     del setup
     return rows
