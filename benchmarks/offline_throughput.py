@@ -3,11 +3,13 @@
     python benchmarks/offline_throughput.py [--models k3-tiny,k3-small] [--concurrency 1,8,64]
 
 The loop is the same model and memory pools driven directly (prefill, then one decode forward per token, greedy),
-with no scheduler: at concurrency 1 the engine must be no slower (the scheduler costs ~nothing), at 64 it
-should be >= 20x faster (batching). Output tokens per second; prompts are random token ids.
+with no scheduler: at concurrency 1 the engine must be no slower (the scheduler costs ~nothing), at 64 it should
+be >= 20x faster (batching). Each concurrency runs --repeats loop / engine pairs back to back and reports the
+medians. Output tokens per second; prompts are random token ids.
 """
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -56,30 +58,35 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--loop-requests", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="loop / engine pairs per concurrency, run back to back; medians reported (this machine's "
+                         "speed drifts by 10-20%% between minutes, so a loop measured once up front misleads)")
     args = ap.parse_args()
     rows = []
     for name in args.models.split(","):
         engine_args = dict(dtype="float32", skip_tokenizer_init=True, disable_radix_cache=True,
                            chunked_prefill_size=8192)
-        engine = Engine(name, **engine_args)
-        model = engine.core.model
         gen = torch.Generator().manual_seed(0)
-        vocab = model.cfg.vocab_size
 
-        def prompts(k):
+        def prompts(k, vocab):
             return [torch.randint(0, vocab, (args.prompt_len,), generator=gen).tolist() for _ in range(k)]
 
-        engine_run(engine, prompts(2), 4)  # warm-up
-        loop = plain_loop(model, prompts(args.loop_requests), args.new_tokens)
-        engine.shutdown()
         for c in map(int, args.concurrency.split(",")):
             engine = Engine(name, **engine_args, max_running_requests=c)
-            tps = engine_run(engine, prompts(max(c * 2, args.loop_requests)), args.new_tokens)
+            model = engine.core.model
+            vocab = model.cfg.vocab_size
+            engine_run(engine, prompts(2, vocab), 4)  # warm-up
+            pairs = []
+            for _ in range(args.repeats):
+                loop = plain_loop(model, prompts(args.loop_requests, vocab), args.new_tokens)
+                tps = engine_run(engine, prompts(max(c * 2, args.loop_requests), vocab), args.new_tokens)
+                pairs.append((tps, loop, tps / loop))
             engine.shutdown()
-            rows.append((name, c, tps, loop, tps / loop))
-            print(f"{name:10s} concurrency {c:3d}: engine {tps:9.1f} tok/s   loop {loop:8.1f} tok/s   x{tps / loop:6.2f}",
-                  flush=True)
-    print("\n| model | concurrency | engine tok/s | plain loop tok/s | ratio |\n|---|---|---|---|---|")
+            tps, loop, ratio = (statistics.median(p[k] for p in pairs) for k in range(3))
+            rows.append((name, c, tps, loop, ratio))
+            print(f"{name:10s} concurrency {c:3d}: engine {tps:9.1f} tok/s   loop {loop:8.1f} tok/s   x{ratio:6.2f}   "
+                  f"(pairs: {', '.join(f'{p[2]:.2f}' for p in pairs)})", flush=True)
+    print("\n| model | concurrency | engine tok/s | plain loop tok/s | ratio (median of pairs) |\n|---|---|---|---|---|")
     for name, c, tps, loop, ratio in rows:
         print(f"| {name} | {c} | {tps:.1f} | {loop:.1f} | {ratio:.2f}x |")
 
