@@ -45,6 +45,9 @@ class Scheduler:
                  context_len: int | None = None):
         self.args, self.runner, self.mm = args, runner, mm
         self.page_size = args.page_size
+        # admission cap; pools are sized for args.max_running_requests, so it may be lowered at run time (a benchmark
+        # sweeping batch sizes on one engine), never raised above that
+        self.max_running = args.max_running_requests
         self.context_len = context_len or runner.cfg.model_max_length
         # decodes a token tail to text for stop-string checks (None: token ids only)
         self.stop_checker = stop_checker
@@ -222,7 +225,7 @@ class Scheduler:
         # pages the running work takes now, plus one step of decode headroom each
         reserve = sum(self.mm.pages_needed(r, n) for r, n in work) + sum(1 for r, n in work if r.remaining == 1)
         admitted = []
-        while self.waiting and budget > 0 and len(self.running) < self.args.max_running_requests:
+        while self.waiting and budget > 0 and len(self.running) < min(self.max_running, self.args.max_running_requests):
             r = self.waiting[0]
             cached = cache.match(r, self.mm)
             n = self._chunk(r, budget)

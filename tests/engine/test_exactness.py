@@ -24,3 +24,22 @@ def test_batching_is_exact(tiny64, chunk, page_size, overlap):
     assert core.mm.num_free_pages == core.mm.kv.pages.capacity
     assert core.mm.num_free_slots == core.mm.state.slots.capacity
     core.shutdown()
+
+
+def test_admission_cap_lowered_at_run_time(tiny64):
+    """scheduler.max_running (a benchmark sweeping batch sizes on one engine) caps the running batch below
+    --max-running-requests; outputs stay exact and every request finishes."""
+    core = make_core(tiny64, max_running_requests=8)
+    core.scheduler.max_running = 2
+    prompts = random_prompts(5, seed=11, lo=3, hi=20)
+    reqs = [core.make_request(p, {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}) for p in prompts]
+    for r in reqs:
+        core.add_request(r)
+    peak = 0
+    while core.has_work():
+        core.step()
+        peak = max(peak, len(core.scheduler.running))
+    assert peak == 2
+    for r, p in zip(reqs, prompts):
+        assert r.output_ids == greedy_reference(tiny64, p, 6)
+    core.shutdown()
