@@ -101,7 +101,7 @@ def ladder(cfg, model, args, log, floor_s):
         log(f"stage {name:<44} {t * 1e3:8.3f} ms/step {1 / t:8.1f} tok/s  floor fraction {floor_s / t:6.1%}")
 
     gemv, default_pdl = linear_ops.GEMV_MAX_M, ops.PDL
-    pdl = os.environ.get("KESTREL_PDL") != "0"  # the last stage (PDL is opt-in in the engine; KESTREL_PDL=0 skips it)
+    pdl = not args.skip_pdl  # the last stage (opt-in in the engine: --enable-pdl)
     linear_ops.GEMV_MAX_M = 0  # the stages before the GEMV one: every linear layer on cuBLAS
     ops.PDL = False  # and before the last: plain launches
     with reference_ops():
@@ -265,6 +265,7 @@ def main():
     ap.add_argument("--hf-prompt", type=int, default=64)
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true")
+    ap.add_argument("--skip-pdl", action="store_true", help="no programmatic-dependent-launch stage")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     log = Log(os.path.join(args.out, "decode_ladder.log") if args.out else None)

@@ -30,6 +30,10 @@ class ModelRunner:
         self.dtype = model.dtype
         self.mem = self._make_memory(slots_per_request)
         self.graphs = None
+        if args.enable_pdl:
+            import kestrel.ops
+
+            kestrel.ops.PDL = True  # before any graph is captured: launches are recorded with their attributes
         if self.device.type == "cuda":
             # one GEMM per group of projections sharing an input (weights become views: no extra memory)
             model.fuse_projections()

@@ -55,10 +55,10 @@ def kernel(module: str, name: str, t: torch.Tensor):
 # soon as they start and wait for their predecessor (griddepcontrol.wait) before reading its outputs, so a kernel's
 # launch and prologue overlap the previous kernel's tail; the GEMV streams its weights before it waits. Every
 # PDL-launched kernel waits before it finishes, so completion stays transitive down the stream.
-# NOTE: opt-in (KESTREL_PDL=1, or `ops.PDL = True`): the k3-mini decode graph ran 1.72 ms against 2.30 ms with it,
-# bit-identical, but the whole GPU suite with it on stalled inside the PDL test once (it passes alone); until that
-# is understood it stays off by default.
-PDL = os.environ.get("KESTREL_PDL", "0") == "1"
+# NOTE: opt-in (--enable-pdl sets this at engine start-up, before graph capture): the k3-mini decode graph ran
+# 1.72 ms against 2.30 ms with it, bit-identical, but the whole GPU suite with it on stalled inside the PDL test once
+# (it passes alone); until that is understood it stays off by default. Process-wide, like the kernel caches.
+PDL = False
 
 
 @functools.cache

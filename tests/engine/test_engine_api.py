@@ -141,3 +141,17 @@ def test_shutdown_gives_the_pools_back(unified):
     assert first.metrics()["num_running_reqs"] == 0
     with Engine("k3-tiny", dtype="float32", skip_tokenizer_init=True, enable_unified_memory=unified) as second:
         assert second.generate(input_ids=[5, 6, 7], sampling_params=params)["output_ids"] == out
+
+
+def test_enable_pdl_flag_reaches_the_kernels(tiny64, monkeypatch):
+    """--enable-pdl turns programmatic dependent launch on process-wide at start-up (before any graph capture);
+    CPU tensors never launch with it."""
+    import kestrel.ops as ops
+
+    monkeypatch.setattr(ops, "PDL", False)
+    core = make_core(tiny64)
+    assert ops.PDL is False
+    core.shutdown()
+    core = make_core(tiny64, enable_pdl=True)
+    assert ops.PDL is True and not ops.pdl(torch.zeros(1))
+    core.shutdown()
