@@ -100,6 +100,20 @@ def ladder(cfg, model, args, log, floor_s):
         rows.append((name, t, 1 / t, floor_s / t))
         log(f"stage {name:<44} {t * 1e3:8.3f} ms/step {1 / t:8.1f} tok/s  floor fraction {floor_s / t:6.1%}")
 
+    def captured():
+        runner = DecodeGraphRunner(model, setup.mem, batch_sizes=(1,), max_pages_per_seq=setup.page_table.shape[1])
+        runner.capture()
+        return runner
+
+    states = list(setup.st.ssm.values()) + list(setup.st.conv.values())
+    snap = [t.clone() for t in states]
+
+    def from_snapshot(fn):
+        """fn's logits from the caches as they were before the timed stages (same state in, comparable out)."""
+        for t, s in zip(states, snap):
+            t.copy_(s)
+        return fn().logits.float().clone()
+
     gemv, default_pdl = linear_ops.GEMV_MAX_M, ops.PDL
     pdl = not args.skip_pdl  # the last stage (opt-in in the engine: --enable-pdl)
     linear_ops.GEMV_MAX_M = 0  # the stages before the GEMV one: every linear layer on cuBLAS
@@ -107,40 +121,26 @@ def ladder(cfg, model, args, log, floor_s):
     with reference_ops():
         stage("eager, reference ops", lambda: model(fb), 5)
     stage("eager, Triton kernels", lambda: model(fb), 10)
-    runner = DecodeGraphRunner(model, setup.mem, batch_sizes=(1,), max_pages_per_seq=setup.page_table.shape[1])
-    runner.capture()
+    runner = captured()
     stage("CUDA graph, Triton kernels", lambda: runner.run(fb), 50)
     # check the graph reproduces the eager step (same state in, same logits out)
-    states = list(setup.st.ssm.values()) + list(setup.st.conv.values())
-    snap = [t.clone() for t in states]
-    eager = model(fb).logits.float()
-    for t, s in zip(states, snap):
-        t.copy_(s)
-    graphed = runner.run(fb).logits.float()
+    eager = from_snapshot(lambda: model(fb))
+    graphed = from_snapshot(lambda: runner.run(fb))
     log(f"graph vs eager logits rel err {((graphed - eager).norm() / eager.norm()).item():.2e}")
     del runner
     model.fuse_projections()
     stage("eager, + fused projection GEMMs", lambda: model(fb), 10)
-    runner = DecodeGraphRunner(model, setup.mem, batch_sizes=(1,), max_pages_per_seq=setup.page_table.shape[1])
-    runner.capture()
+    runner = captured()
     stage("CUDA graph, + fused projection GEMMs", lambda: runner.run(fb), 50)
     del runner
     linear_ops.GEMV_MAX_M = gemv
-    runner = DecodeGraphRunner(model, setup.mem, batch_sizes=(1,), max_pages_per_seq=setup.page_table.shape[1])
-    runner.capture()
+    runner = captured()
     stage("CUDA graph, + Triton GEMV for one-row linears", lambda: runner.run(fb), 50)
-
-    def from_snapshot(fn):
-        for t, s in zip(states, snap):
-            t.copy_(s)
-        return fn().logits.float().clone()
-
     plain = from_snapshot(lambda: runner.run(fb))
     del runner
     ops.PDL = pdl
     if pdl:
-        runner = DecodeGraphRunner(model, setup.mem, batch_sizes=(1,), max_pages_per_seq=setup.page_table.shape[1])
-        runner.capture()
+        runner = captured()
         stage("CUDA graph, + programmatic dependent launch", lambda: runner.run(fb), 50)
         # the same kernels launched early: any missing wait would show as a race, so demand bit-equality
         graphed = from_snapshot(lambda: runner.run(fb))

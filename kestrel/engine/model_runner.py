@@ -10,6 +10,7 @@ import logging
 
 import torch
 
+import kestrel.ops as ops
 from kestrel.config import ServerArgs
 from kestrel.engine.batch import Batch, BatchResult
 from kestrel.engine.sampler import sample
@@ -31,9 +32,7 @@ class ModelRunner:
         self.mem = self._make_memory(slots_per_request)
         self.graphs = None
         if args.enable_pdl:
-            import kestrel.ops
-
-            kestrel.ops.PDL = True  # before any graph is captured: launches are recorded with their attributes
+            ops.PDL = True  # before any graph is captured: launches are recorded with their attributes
         if self.device.type == "cuda":
             # one GEMM per group of projections sharing an input (weights become views: no extra memory)
             model.fuse_projections()

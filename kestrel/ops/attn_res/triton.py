@@ -63,7 +63,7 @@ def _launch(bank, partial, delta, w, w2, eps, norm_weight, norm_eps, want_out: b
     vals = tuple(flat(v) for v in bank)
     p = flat(partial) if partial is not None else None
     d = flat(delta) if delta is not None else None
-    T = flat(x0).shape[0]
+    T = (p if p is not None else d).shape[0]
     new_p = torch.empty_like(p) if p is not None and d is not None else (p if p is not None else d)
     out = torch.empty_like(new_p) if want_out else None
     norm = None
