@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from kestrel.ops.moe import reference as ref
@@ -63,3 +64,23 @@ def test_dense_expert_form_equals_the_loop():
     act = ref.Activation("situ")
     assert torch.allclose(ref.moe_experts_dense(x, w1, w2, w3, weights, ids, act),
                           ref.moe_experts(x, w1, w2, w3, weights, ids, act))
+
+
+@pytest.mark.parametrize("T", [1, 5, 40])
+@pytest.mark.parametrize("dtype", [torch.float32, D64])
+def test_grouped_expert_form_equals_the_loop(T, dtype):
+    """The expert-sorted CPU form: same pairs, same per-token order of the sums, so equal to the loop up to the
+    matrix products' own rounding (an expert no token chose, or one chosen by every token, included)."""
+    torch.manual_seed(T)
+    D, I, E = 12, 10, 6
+    x = torch.randn(T, D, dtype=dtype)
+    w1, w3, w2 = torch.randn(E, I, D, dtype=dtype), torch.randn(E, I, D, dtype=dtype), torch.randn(E, D, I, dtype=dtype)
+    logits = torch.randn(T, E, dtype=dtype)
+    logits[:, 0] -= 100  # expert 0 never chosen
+    logits[:, 3] += 100  # expert 3 always chosen
+    weights, ids = ref.route(logits, None, 2, True, 1.3)
+    act = ref.Activation("situ")
+    got = ref.moe_experts_grouped(x, w1, w2, w3, weights, ids, act)
+    want = ref.moe_experts(x, w1, w2, w3, weights, ids, act)
+    tol = 1e-12 if dtype == D64 else 1e-5
+    assert (got - want).abs().max() <= tol * want.abs().max()

@@ -6,7 +6,7 @@ from kestrel.ops.moe.reference import Activation  # noqa: F401
 from kestrel.ops.moe.reference import moe_experts_dense as experts_dense  # noqa: F401
 
 
-DENSE_MAX_PAIRS = 256
+DENSE_MAX_PAIRS = 32
 
 
 def route(logits, correction_bias, top_k, renormalize, scaling, num_expert_group=1, topk_group=1):
@@ -22,12 +22,13 @@ def experts(x, experts_weights, weights, ids, act):
         return fn(x, experts_weights, weights, ids, act)
     e = experts_weights
     w1, w2, w3 = e.dense("w1", x.dtype), e.dense("w2", x.dtype), e.dense("w3", x.dtype)
-    # few tokens: every expert on every token in three batched products beats a loop of small ones on a CPU
-    # (k3-small's 8 experts, top-2, interleaved runs: dense 0.6 vs 1.3 ms at 8 tokens, 1.5-1.8 vs 2.0-2.9 at 32,
-    # but 3.1-3.7 vs 1.9-2.7 at 64 and 5.1-6.3 vs 3.2-4.3 at 128)
-    if x.shape[0] * w1.shape[0] <= DENSE_MAX_PAIRS:
+    # CPU, interleaved timings on k3-small's 8 experts, top-2 (us, dense / loop / grouped): 1 token 425 / 535 / 387,
+    # 4 tokens 630 / 1397 / 722, 8: 750 / 1456 / 673, 64: 2903 / 3291 / 1712, 128: 7418 / 3549 / 1719. So every
+    # expert on every token (three batched products) only for 2 to 4 tokens; the expert-sorted form otherwise.
+    T = x.shape[0]
+    if 1 < T and T * w1.shape[0] <= DENSE_MAX_PAIRS:
         return reference.moe_experts_dense(x, w1, w2, w3, weights, ids, act)
-    return reference.moe_experts(x, w1, w2, w3, weights, ids, act)
+    return reference.moe_experts_grouped(x, w1, w2, w3, weights, ids, act)
 
 
 def activate(act, a, b):
