@@ -55,6 +55,36 @@ def test_fold_equals_plain_recurrence_bit_for_bit(dtype, rollback, slot_layout):
             assert torch.equal(conv[slots[i]], window[i, c : c + 3])
 
 
+@pytest.mark.parametrize("lower_bound", [-5.0, None])
+def test_verify_outputs_equal_the_token_loop(lower_bound):
+    """The verify pass's outputs come from the closed (one WY chunk) form on CPU: equal to the token-by-token
+    recurrence from the committed state to fp64 rounding, valid positions of ragged blocks included. With softplus
+    gates steep enough to leave the closed form's range, the loop runs instead (same outputs)."""
+    B, L, H, K = 4, 8, 2, 8
+    C = 3 * H * K
+    for trial, steep in ((0, False), (1, False), (2, True)):
+        x, raw, beta = layer_inputs(B, L, H, K, C, torch.float64, seed=trial)
+        if steep:
+            raw = raw + 60.0  # softplus gates near -22 a step: the cumulative gate leaves the closed form's range
+        gen = torch.Generator().manual_seed(trial)
+        w = torch.randn(C, 4, dtype=torch.float64, generator=gen)
+        conv = torch.randn(B + 1, 3, C, dtype=torch.float64, generator=gen)
+        ssm = torch.randn(B + 1, H, K, K, dtype=torch.float64, generator=gen)
+        A_log = torch.full((H,), -1.0, dtype=torch.float64)
+        dt_bias = torch.randn(H * K, dtype=torch.float64, generator=gen)
+        slots, lens = torch.tensor([2, 4, 1, 3]), [8, 3, 1, 6]
+        o, rec = ref.kda_verify(x, raw, beta, lens, w, conv, ssm, slots, A_log, dt_bias, lower_bound, K**-0.5)
+        q = ref.l2norm(ref.causal_conv1d(x, w, conv[slots])[0].view(B, L, 3, H, K)[:, :, 0])
+        state = ssm[slots].clone()
+        for t in range(L):
+            want = ref.kda_step(state, q[:, t], rec.k[:, t], rec.v[:, t], rec.g[:, t], rec.beta[:, t], K**-0.5)
+            for i, n in enumerate(lens):
+                if t < n:
+                    assert torch.allclose(o[i, t], want[i], rtol=1e-10, atol=1e-10), (trial, i, t)
+        closed = ref.kda_block_outputs(q, rec.k, rec.v, rec.g, rec.beta, ssm[slots], K**-0.5)
+        assert (closed is None) == (steep and lower_bound is None)
+
+
 def test_fold_matches_decode_steps_of_the_model():
     """Model level: VERIFY a block, fold a prefix, then decode == decoding the accepted tokens one by one."""
     torch.manual_seed(0)

@@ -319,17 +319,46 @@ def kda_verify(x, raw_gate, beta, lens: list[int], conv_weight, conv_state, ssm,
     q, k = l2norm(q), l2norm(k) * valid[..., None, None].to(y.dtype)
     g = kda_gate(raw_gate, A_log, dt_bias, lower_bound) * valid[..., None, None]
     beta = beta * valid[..., None].to(beta.dtype)
-    state = ssm[slots]
-    out, states = [], []
-    for t in range(L):
-        out.append(kda_step(state, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], scale))
-        if snapshot_states:
-            states.append(state.clone())
     if snapshot_states:
-        rec = KDAReplay(x, None, None, None, None, torch.stack(states, 1))
-    else:
-        rec = KDAReplay(x, k, v, g, beta)
-    return torch.stack(out, 1).to(v.dtype), rec
+        state = ssm[slots]
+        out, states = [], []
+        for t in range(L):
+            out.append(kda_step(state, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], scale))
+            states.append(state.clone())
+        return torch.stack(out, 1).to(v.dtype), KDAReplay(x, None, None, None, None, torch.stack(states, 1))
+    o = kda_block_outputs(q, k, v, g, beta, ssm[slots], scale)
+    if o is None:  # gates too steep for the closed form: the token loop on a copy
+        state = ssm[slots]
+        o = torch.stack([kda_step(state, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], scale) for t in range(L)], 1)
+    return o.to(v.dtype), KDAReplay(x, k, v, g, beta)
+
+
+# the closed form scales keys by exp(-cumulative gate): allowed while that stays below exp(80) (fp32 holds 3e38)
+_BLOCK_MIN_CUMGATE = -80.0
+
+
+def kda_block_outputs(q, k, v, g, beta, state, scale: float):
+    """The outputs of L recurrence steps from `state` (not written) in closed form: one WY chunk, a dozen batched
+    products instead of L dependent steps (the CPU verify pass; ~4x fewer launches at L = 8). q, k, g [B, L, H, K];
+    v [B, L, H, V]; beta [B, L, H]; state [B, H, K, V]. Returns o [B, L, H, V] in the state dtype, equal to the
+    token loop's up to rounding, or None when the cumulative gate falls below _BLOCK_MIN_CUMGATE (then the caller
+    runs the loop). Only outputs: the committed state is ReplaySSM's fold's job, bit-exact with decode."""
+    dt = state.dtype
+    q, k, v, g = (t.to(dt).transpose(1, 2) for t in (q, k, v, g))  # [B, H, L, *]
+    beta = beta.to(dt).transpose(1, 2).unsqueeze(-1)  # [B, H, L, 1]
+    gc = g.cumsum(2)
+    if g.numel() and float(gc.min()) < _BLOCK_MIN_CUMGATE:
+        return None
+    decay = torch.exp(gc)
+    kd, ki, qd = k * decay, k * torch.exp(-gc), q * (scale * decay)  # k_i Gamma_i, k_j Gamma_j^-1, scaled q_i Gamma_i
+    L = k.shape[2]
+    upper = torch.ones(L, L, dtype=torch.bool, device=k.device).triu()
+    kt = ki.transpose(-1, -2)
+    # (I + diag(beta) A) U = diag(beta) (v - kd S0), A_ij = k_i Gamma_i Gamma_j^-1 k_j for j < i; U_j = beta_j u_j
+    lower = torch.addcmul(torch.eye(L, dtype=dt, device=k.device), beta, (kd @ kt).masked_fill(upper, 0))
+    u = torch.linalg.solve_triangular(lower, beta * (v - kd @ state), upper=False, unitriangular=True)
+    o = qd @ state + (qd @ kt).masked_fill(upper.triu(1), 0) @ u
+    return o.transpose(1, 2).contiguous()
 
 
 def kda_fold(rec: KDAReplay, conv_state, ssm, slots, commit: list[int], snapshots=None) -> None:
@@ -354,9 +383,13 @@ def kda_fold(rec: KDAReplay, conv_state, ssm, slots, commit: list[int], snapshot
         state = ssm[rows]  # a view when rows is a slice (updated in place)
         steps = torch.tensor(commit, device=rec.x.device)
         for t in range(max(commit)):
-            on = (steps > t).to(state.dtype)
-            kda_update(state, rec.k[:, t] * on.view(B, 1, 1).to(rec.k.dtype), rec.v[:, t],
-                       rec.g[:, t] * on.view(B, 1, 1).to(rec.g.dtype), rec.beta[:, t] * on.view(B, 1).to(rec.beta.dtype))
+            if t < min(commit):  # every sequence takes this step (masking by 1 is exact: skip it)
+                kda_update(state, rec.k[:, t], rec.v[:, t], rec.g[:, t], rec.beta[:, t])
+            else:
+                on = (steps > t).to(state.dtype)
+                kda_update(state, rec.k[:, t] * on.view(B, 1, 1).to(rec.k.dtype), rec.v[:, t],
+                           rec.g[:, t] * on.view(B, 1, 1).to(rec.g.dtype),
+                           rec.beta[:, t] * on.view(B, 1).to(rec.beta.dtype))
             for i, snap in enumerate(snapshots):
                 if snap is not None and snap[0] == t + 1:
                     ssm[snap[1]] = state[i]
