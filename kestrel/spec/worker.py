@@ -22,7 +22,7 @@ from kestrel.engine.sampler import token_logprobs
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode
 from kestrel.ops import kda as kda_ops
 from kestrel.spec.drafter import DSparkDrafter
-from kestrel.spec.planner import StepProfile, VerifyPlanner
+from kestrel.spec.planner import PlanGuard, StepProfile, VerifyPlanner
 from kestrel.spec.verify import accept
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ class SpecWorker:
         # acceptance, fold, and the scheduler's own work between two steps. The planner adds it to every plan's cost.
         self.overhead: dict[int, float] = {}
         self._last_end: float | None = None  # when the previous speculative step returned
+        self.guard = PlanGuard()  # planned against verify-all, measured, per batch bucket
         self.window_bytes = 0  # draft-window memory of the last verify (the rollback method's cost)
         self.graphs = self.draft_graphs = None
         if runner.device.type == "cuda" and not runner.args.disable_cuda_graph and rollback == "replay":
@@ -85,18 +86,20 @@ class SpecWorker:
             x0 = torch.where(x0 < 0, r.future[(-x0 - 1).clamp_min(0)], x0)
         feats = torch.stack([self.features[q.rid] for q in b.reqs])
         planning = self.use_planner and B >= PLANNER_MIN_BATCH
+        # the guard may serve this step whole (the planner's measured rate trails verify-all's in this bucket)
+        prune = planning and self.guard.use_planner(self._bucket(B))
         with record_function("spec.draft"):
             if self.draft_graphs is not None and self.draft_graphs.bucket(B) is not None:
                 draft = self.draft_graphs.run(feats, x0, planning)
             else:
                 draft = self.drafter.propose(feats, x0, self.gamma, want_probs=False, want_confidence=planning)
-            keep = self._plan(draft.confidence, b.max_drafts) if planning else list(b.max_drafts)
+            keep = self._plan(draft.confidence, b.max_drafts) if prune else list(b.max_drafts)
             drafted = draft.tokens.tolist()
         drafts = [drafted[i][: keep[i]] for i in range(B)]
         lens = [1 + k for k in keep]
         # below the planner every block is verified whole: use the full-block graph even when requests near their
         # end draft less (a graph per block length would be captured mid-serving)
-        L = self.gamma + 1 if self.graphs is not None and not planning else max(lens)
+        L = self.gamma + 1 if self.graphs is not None and not prune else max(lens)
         t_verify = time.perf_counter()
         with record_function("spec.verify"):
             # every block padded to the longest: past its own length a block's tokens are no-ops (see ForwardMode)
@@ -134,9 +137,12 @@ class SpecWorker:
             over, k = t_end - t_start - t_verify, self._bucket(B)
             # the host work between the previous step and this one (scheduling, result processing) is part of every
             # step too; a longer gap is the engine idling, not overhead
-            between = t_start - self._last_end if self._last_end is not None else 0.0
-            over += between if 0.0 <= between < IDLE_GAP_S else 0.0
+            between = t_start - self._last_end if self._last_end is not None else -1.0
+            busy = 0.0 <= between < IDLE_GAP_S
+            over += between if busy else 0.0
             self.overhead[k] = over if k not in self.overhead else 0.8 * self.overhead[k] + 0.2 * over
+            if busy:
+                self.guard.record(k, prune, sum(commit), t_end - t_start + between)
         self._last_end = t_end
         if b.want_logprobs or b.top_logprobs_num:
             sel = torch.tensor([i * L + j for i, a in enumerate(results) for j in range(len(a.tokens))], device=dev)

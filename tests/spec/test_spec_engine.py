@@ -210,3 +210,39 @@ def test_planner_prices_ragged_blocks():
     padded = StepProfile({16: [(L, 1.0 + 0.5 * (L - 1), 1.0 + 0.5 * (L - 1)) for L in range(1, 5)]})
     kept = VerifyPlanner(padded).plan(conf, [3] * 16)
     assert len(set(kept[:8])) == 1 and max(kept) == max(kept[:8])
+
+
+def test_plan_guard_serves_the_faster_mode_and_probes_the_other():
+    """The guard tries each mode `warm` times (the planner first), then serves the one with the higher measured
+    tokens per second and gives the other one step in `probe_every`; a mode that gets faster wins back."""
+    from kestrel.spec.planner import PlanGuard
+
+    guard = PlanGuard(probe_every=4, warm=2)
+    speed = {True: 100.0, False: 300.0}  # the planner prunes drafts that would have paid: verify-all is faster
+    served = []
+    for step in range(40):
+        planned = guard.use_planner(16)
+        served.append(planned)
+        guard.record(16, planned, int(speed[planned]), 1.0)
+        if step == 20:
+            speed[True] = 600.0  # now pruning pays
+    assert served[:4] == [True, False, True, False]
+    assert served[4:20].count(True) == 4  # only the probes
+    assert served[-8:].count(False) == 2  # after the change the planner is served, verify-all probed
+    assert guard.use_planner(64) is True  # buckets are separate
+
+
+def test_engine_guard_records_both_modes(tiny64, drafter_dir):
+    """Wired into the speculative step: at batch >= 8 both modes get measured steps, and whichever the guard
+    serves, greedy output is the reference's."""
+    prompts = random_prompts(10, seed=4, lo=5, hi=25)
+    core = spec_core(tiny64, drafter_dir, speculative_num_draft_tokens=4, disable_overlap_schedule=True)
+    worker = core.runner.spec
+    worker.profile = {16: [(n, 1e-3 * (1 + 0.01 * n), 1e-3 * (1 + 0.05 * n)) for n in range(1, 6)]}
+    reqs = [core.make_request(p, {**G, "max_new_tokens": 24}) for p in prompts]
+    done = drive(core, reqs)
+    for r, p in zip(reqs, prompts):
+        assert done[r.rid].output_ids == greedy_reference(tiny64, p, 24)
+    counts = worker.guard.count[16]
+    assert counts[True] >= 2 and counts[False] >= 2, counts
+    core.shutdown()
