@@ -165,8 +165,20 @@ def main() -> None:
                 if core is spec:
                     spec.runner.spec.use_planner = key == "planned"
                 generate(core, prompts, 16)  # warm-up at the full batch
+                if core is spec:
+                    spec.runner.spec.step_stats.clear()
                 reqs, elapsed = generate(core, prompts, args.new_tokens // 2)
                 res[key] = len(prompts) * (args.new_tokens // 2) / elapsed
+                if core is spec:  # where the speculative steps went: per (bucket, pruned) mode
+                    for (bk, pruned), (n, reqs_, toks, wall, ver) in sorted(spec.runner.spec.step_stats.items()):
+                        print(f"      {key} bucket {bk} {'pruned' if pruned else 'whole '}: {n} steps, "
+                              f"{reqs_ / n:.1f} requests and {toks / n:.1f} tokens a step, step {wall / n * 1e3:.2f} ms "
+                              f"(verify {ver / n * 1e3:.2f}), elapsed {elapsed:.2f} s", flush=True)
+                    if key == "planned":
+                        g = spec.runner.spec.guard
+                        print(f"      guard rates (tok/s, planned / whole): "
+                              + ", ".join(f"{bk}: {r.get(True, 0):.0f} / {r.get(False, 0):.0f}"
+                                          for bk, r in sorted(g.rate.items())), flush=True)
             rows.append((b, res))
             report.setdefault("throughput", {})[b] = res
             print(f"   batch {b:4d}: " + "  ".join(f"{k} {res[k]:8.1f}" for k in sides), flush=True)

@@ -115,6 +115,8 @@ class ModelRunner:
             self.mem.run(op)
         if b.mode == ForwardMode.VERIFY:
             return self.spec.run(b)
+        if self.spec is not None:
+            self.spec.interrupted()
         if b.mode == ForwardMode.DECODE:
             positions = torch.tensor(b.prefix_lens, dtype=torch.long, device=dev)
         else:

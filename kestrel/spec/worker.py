@@ -54,6 +54,8 @@ class SpecWorker:
         self.overhead: dict[int, float] = {}
         self._last_end: float | None = None  # when the previous speculative step returned
         self.guard = PlanGuard()  # planned against verify-all, measured, per batch bucket
+        # (batch bucket, pruned) -> [steps, requests, committed tokens, wall s, verify forward s]: benchmarks read it
+        self.step_stats: dict[tuple[int, bool], list[float]] = {}
         self.window_bytes = 0  # draft-window memory of the last verify (the rollback method's cost)
         self.graphs = self.draft_graphs = None
         if runner.device.type == "cuda" and not runner.args.disable_cuda_graph and rollback == "replay":
@@ -75,6 +77,11 @@ class SpecWorker:
     def forget(self, rid: str) -> None:
         self.features.pop(rid, None)
 
+    def interrupted(self) -> None:
+        """Another forward (a prefill) ran since the last speculative step: the next step's gap is not overhead,
+        and its time must not count against the guard's mode."""
+        self._last_end = None
+
     # ---- the verify step
     @torch.inference_mode()
     def run(self, b: Batch) -> BatchResult:
@@ -88,11 +95,11 @@ class SpecWorker:
         planning = self.use_planner and B >= PLANNER_MIN_BATCH
         # the guard may serve this step whole (the planner's measured rate trails verify-all's in this bucket)
         prune = planning and self.guard.use_planner(self._bucket(B))
-        with record_function("spec.draft"):
+        with record_function("spec.draft"):  # the confidence head only when this step may prune
             if self.draft_graphs is not None and self.draft_graphs.bucket(B) is not None:
-                draft = self.draft_graphs.run(feats, x0, planning)
+                draft = self.draft_graphs.run(feats, x0, prune)
             else:
-                draft = self.drafter.propose(feats, x0, self.gamma, want_probs=False, want_confidence=planning)
+                draft = self.drafter.propose(feats, x0, self.gamma, want_probs=False, want_confidence=prune)
             keep = self._plan(draft.confidence, b.max_drafts) if prune else list(b.max_drafts)
             drafted = draft.tokens.tolist()
         drafts = [drafted[i][: keep[i]] for i in range(B)]
@@ -144,6 +151,9 @@ class SpecWorker:
             if busy:
                 self.guard.record(k, prune, sum(commit), t_end - t_start + between)
         self._last_end = t_end
+        st = self.step_stats.setdefault((self._bucket(B), prune), [0, 0, 0, 0.0, 0.0])
+        for i, v in enumerate((1, B, sum(commit), t_end - t_start, t_verify)):
+            st[i] += v
         if b.want_logprobs or b.top_logprobs_num:
             sel = torch.tensor([i * L + j for i, a in enumerate(results) for j in range(len(a.tokens))], device=dev)
             toks = torch.tensor([t for a in results for t in a.tokens], device=dev)
@@ -194,19 +204,24 @@ class SpecWorker:
         return 1 << (batch - 1).bit_length()
 
     def prepare(self, max_batch: int) -> None:
-        """At start-up, like decode graph capture: capture the verify graphs of full blocks below the planner's
-        batch size and measure the planner's profile (which captures the graphs of every block length) of every
-        bucket up to `max_batch`; else each is done the first time a step needs it, which stalls that step."""
-        if self.graphs is not None:
-            for bs in self.graphs.batch_sizes:
-                if bs <= max_batch:
-                    planning = self.use_planner and bs >= PLANNER_MIN_BATCH
-                    self.draft_graphs.ensure(bs, planning)
-                    if not planning:
-                        self.graphs.ensure(bs, self.gamma + 1)
+        """At start-up, like decode graph capture: measure the planner's profile of every bucket up to `max_batch`
+        and capture every graph a step may replay (drafting with and without confidence, verify and fold of each
+        block length the planner may leave); else each is captured the first time a step needs it, which stalls
+        that step (~0.4 s for a fold graph on the H200: the planner's steps paid it inside the measured run)."""
         if self.use_planner:
             for batch in range(PLANNER_MIN_BATCH, max_batch + 1):
                 self._profiled(batch)
+        if self.graphs is not None:
+            for bs in self.graphs.batch_sizes:
+                if bs <= max_batch:
+                    # whole blocks at every size (below the planner, and when its guard serves a step whole); with
+                    # the planner, drafting with confidence and the verify + fold of every block length too
+                    planning = self.use_planner and bs >= PLANNER_MIN_BATCH
+                    self.draft_graphs.ensure(bs, False)
+                    for L in range(1 if planning else self.gamma + 1, self.gamma + 2):
+                        self.graphs.ensure_fold(bs, L)
+                    if planning:
+                        self.draft_graphs.ensure(bs, True)
 
     def _profiled(self, batch: int) -> None:
         bucket = self._bucket(batch)
