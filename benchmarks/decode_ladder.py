@@ -115,7 +115,7 @@ def ladder(cfg, model, args, log, floor_s):
         return fn().logits.float().clone()
 
     gemv, default_pdl = linear_ops.GEMV_MAX_M, ops.PDL
-    pdl = not args.skip_pdl  # the last stage (opt-in in the engine: --enable-pdl)
+    pdl = not args.skip_pdl  # the last stage (the engine's default; --disable-pdl turns it off)
     linear_ops.GEMV_MAX_M = 0  # the stages before the GEMV one: every linear layer on cuBLAS
     ops.PDL = False  # and before the last: plain launches
     with reference_ops():

@@ -42,7 +42,7 @@ NEW_TOKENS_ACCEPTANCE = 128
 
 def make(args, **kw) -> EngineCore:
     a = ServerArgs(model_path=args.model, dtype=args.dtype, device=args.device, disable_overlap_schedule=True,
-                   chunked_prefill_size=4096, enable_pdl=args.enable_pdl,
+                   chunked_prefill_size=4096, disable_pdl=args.disable_pdl,
                    speculative_draft_model_path=args.drafter, speculative_num_draft_tokens=args.gamma, **kw)
     return EngineCore(a)
 
@@ -94,7 +94,7 @@ def main() -> None:
     ap.add_argument("--sections", default="1,2,3,4", help="which of the four parts to run")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--enable-pdl", action="store_true", help="the engine's --enable-pdl (GPU)")
+    ap.add_argument("--disable-pdl", action="store_true", help="the engine's --disable-pdl (GPU)")
     ap.add_argument("--out", default="speculative.json", help="JSON results; the plot lands beside it")
     args = ap.parse_args()
     if args.device == "cpu":

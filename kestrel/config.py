@@ -54,8 +54,8 @@ class ServerArgs:
     # GPU
     disable_cuda_graph: bool = _f(False, "run decode without CUDA graphs")
     cuda_graph_max_bs: int = _f(256, "largest decode batch captured in a CUDA graph")
-    enable_pdl: bool = _f(False, "launch the decode kernels with programmatic dependent launch (Hopper and later; "
-                                 "experimental: a faster batch-1 step, but see docs/kernels.md)")
+    disable_pdl: bool = _f(False, "launch the decode kernels without programmatic dependent launch (it is on by "
+                                  "default on Hopper and later; see docs/kernels.md)")
     # server
     host: str = _f("127.0.0.1", "address to bind (loopback unless told otherwise)")
     port: int = _f(30000, "HTTP port")

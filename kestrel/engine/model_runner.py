@@ -31,8 +31,9 @@ class ModelRunner:
         self.dtype = model.dtype
         self.mem = self._make_memory(slots_per_request)
         self.graphs = None
-        if args.enable_pdl:
-            ops.PDL = True  # before any graph is captured: launches are recorded with their attributes
+        # process-wide, before any graph is captured (launches are recorded with their attributes); CPU tensors and
+        # pre-Hopper GPUs never launch with it whatever this says
+        ops.PDL = not args.disable_pdl
         if self.device.type == "cuda":
             # one GEMM per group of projections sharing an input (weights become views: no extra memory)
             model.fuse_projections()

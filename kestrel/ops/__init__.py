@@ -55,9 +55,10 @@ def kernel(module: str, name: str, t: torch.Tensor):
 # soon as they start and wait for their predecessor (griddepcontrol.wait) before reading its outputs, so a kernel's
 # launch and prologue overlap the previous kernel's tail; the GEMV streams its weights before it waits. Every
 # PDL-launched kernel waits before it finishes, so completion stays transitive down the stream.
-# NOTE: opt-in (--enable-pdl sets this at engine start-up, before graph capture): the k3-mini decode graph ran
-# 1.72 ms against 2.30 ms with it, bit-identical, but the whole GPU suite with it on stalled inside the PDL test once
-# (it passes alone); until that is understood it stays off by default. Process-wide, like the kernel caches.
+# The engine sets this at start-up, before graph capture (on unless --disable-pdl): the k3-mini decode graph ran
+# 1.72 ms against 2.30 ms with it, bit-identical, and the whole GPU suite passes with it on (the one-time "stall" of
+# an earlier session was Triton compilation in a serial run). Process-wide, like the kernel caches; off until an
+# engine starts, so the kernel tests choose it themselves.
 PDL = False
 
 

@@ -143,15 +143,15 @@ def test_shutdown_gives_the_pools_back(unified):
         assert second.generate(input_ids=[5, 6, 7], sampling_params=params)["output_ids"] == out
 
 
-def test_enable_pdl_flag_reaches_the_kernels(tiny64, monkeypatch):
-    """--enable-pdl turns programmatic dependent launch on process-wide at start-up (before any graph capture);
-    CPU tensors never launch with it."""
+def test_pdl_flag_reaches_the_kernels(tiny64, monkeypatch):
+    """Programmatic dependent launch is set process-wide at start-up (before any graph capture): on by default,
+    off with --disable-pdl; CPU tensors never launch with it."""
     import kestrel.ops as ops
 
     monkeypatch.setattr(ops, "PDL", False)
     core = make_core(tiny64)
-    assert ops.PDL is False
-    core.shutdown()
-    core = make_core(tiny64, enable_pdl=True)
     assert ops.PDL is True and not ops.pdl(torch.zeros(1))
+    core.shutdown()
+    core = make_core(tiny64, disable_pdl=True)
+    assert ops.PDL is False
     core.shutdown()
