@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from kestrel.ops.attn_res.reference import attn_res
@@ -7,16 +8,19 @@ from kestrel.ops.norm.reference import gated_rms_norm, rms_norm
 D64 = torch.float64
 
 
-def test_attn_res_is_softmax_over_normalised_keys():
-    vals = [torch.randn(5, 8, dtype=D64) for _ in range(3)]
-    w = torch.randn(8, dtype=D64)
+@pytest.mark.parametrize("T,D", [(5, 8), (600, 128)])  # the stacked form, and the per-value one (>= 64K elements)
+def test_attn_res_is_softmax_over_normalised_keys(T, D):
+    vals = [torch.randn(T, D, dtype=D64) * (i + 1) for i in range(3)]
+    w = torch.randn(D, dtype=D64)
+    before = [v.clone() for v in vals]
     out = attn_res(vals, w, 1e-5)
-    for t in range(5):
+    assert all(torch.equal(v, b) for v, b in zip(vals, before))  # no in-place accumulation into an input
+    for t in range(0, T, max(1, T // 7)):
         keys = torch.stack([v[t] / torch.sqrt(v[t].pow(2).mean() + 1e-5) for v in vals])
         p = torch.softmax(keys @ w, 0)
         assert torch.allclose(out[t], sum(p[i] * vals[i][t] for i in range(3)))
     # w = 0: a plain average
-    assert torch.allclose(attn_res(vals, torch.zeros(8, dtype=D64), 1e-5), sum(vals) / 3)
+    assert torch.allclose(attn_res(vals, torch.zeros(D, dtype=D64), 1e-5), sum(vals) / 3)
 
 
 def test_norms():
