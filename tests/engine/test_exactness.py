@@ -43,3 +43,26 @@ def test_admission_cap_lowered_at_run_time(tiny64):
     for r, p in zip(reqs, prompts):
         assert r.output_ids == greedy_reference(tiny64, p, 6)
     core.shutdown()
+
+
+def test_cpu_single_request_runs_on_the_scheduler_thread(tiny64):
+    """With overlap on, a CPU batch of one request runs synchronously (nothing in flight after the step, one token
+    per step); two requests use the forward thread (a batch in flight after the step). Output stays exact."""
+    core = make_core(tiny64, disable_overlap_schedule=False, disable_radix_cache=True)
+    params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    one = core.make_request([5, 6, 7, 8], params)
+    core.add_request(one)
+    while core.has_work():
+        core.step()
+        assert core.scheduler.inflight is None
+    assert one.output_ids == greedy_reference(tiny64, [5, 6, 7, 8], 6)
+    pair = [core.make_request(p, params) for p in ([9, 10, 11], [12, 13])]
+    for r in pair:
+        core.add_request(r)
+    overlapped = 0
+    while core.has_work():
+        core.step()
+        overlapped += core.scheduler.inflight is not None
+    assert overlapped > 0
+    assert [r.output_ids for r in pair] == [greedy_reference(tiny64, p, 6) for p in ([9, 10, 11], [12, 13])]
+    core.shutdown()

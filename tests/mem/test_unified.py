@@ -105,7 +105,7 @@ def test_either_side_takes_the_whole_free_region():
     assert len(pages) > len(slots) and pool.num_free("slot") == 0
 
 
-@pytest.mark.parametrize("page_size,overlap,tokens,chunk", [(1, True, 128, 48), (16, False, 80, 16)])
+@pytest.mark.parametrize("page_size,overlap,tokens,chunk", [(1, True, 112, 48), (16, False, 80, 16)])
 def test_engine_is_exact_with_unified_memory(tiny64, page_size, overlap, tokens, chunk):
     prompts = [BASE[:n] + p for n, p in zip([0, 64, 100, 130] * 6, random_prompts(24, seed=page_size, lo=1, hi=50))]
     core = make_core(tiny64, page_size=page_size, chunked_prefill_size=chunk, disable_overlap_schedule=not overlap,
