@@ -26,6 +26,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from kestrel.ops.norm import reference as norm_ref
+
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 MODEL_TYPE = "dspark"
@@ -84,6 +86,8 @@ class DraftOutput:
 
 def rms(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm in fp32, cast back to x's dtype."""
+    if x.dtype == torch.float32 and norm_ref.fused_ok(x, weight):
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
     y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return y if weight is None else y * weight

@@ -23,6 +23,28 @@ def test_attn_res_is_softmax_over_normalised_keys(T, D):
     assert torch.allclose(attn_res(vals, torch.zeros(D, dtype=D64), 1e-5), sum(vals) / 3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, D64])
+def test_rms_norm_through_torch_is_the_formula_bit_for_bit(dtype):
+    """On the CPU, fp32 / fp64 RMSNorm goes through F.rms_norm (one op): it must equal the written formula exactly,
+    for any width and row count, with and without a weight (a torch upgrade that changes its rounding fails here)."""
+    from kestrel.ops.norm.reference import fused_ok
+    from kestrel.spec.drafter import rms
+
+    gen = torch.Generator().manual_seed(0)
+    for D in (8, 63, 192, 256, 1000):
+        for T in (1, 3, 64, 517):
+            x = torch.randn(T, D, dtype=dtype, generator=gen) * torch.rand(T, 1, dtype=dtype, generator=gen) * 10
+            w = torch.randn(D, dtype=dtype, generator=gen)
+            assert fused_ok(x, w) and fused_ok(x, None)
+            y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+            assert torch.equal(rms_norm(x, w, 1e-6), w * y) and torch.equal(rms_norm(x, None, 1e-6), y)
+            if dtype == torch.float32:
+                assert torch.equal(rms(x, 1e-6, w), y * w)
+    assert not fused_ok(torch.zeros(2, 4, dtype=torch.bfloat16), None)
+    assert not fused_ok(torch.zeros(2, 4), torch.zeros(4, dtype=D64))
+    assert not fused_ok(torch.zeros(2, 3, 4), torch.zeros(3, 4))  # a per-row weight broadcast over the rows
+
+
 def test_norms():
     x, w, g = torch.randn(4, 8, dtype=D64), torch.randn(8, dtype=D64), torch.randn(4, 8, dtype=D64)
     r = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
