@@ -91,3 +91,20 @@ def test_mxfp4_error_bound_and_layouts():
     gb, gs = mx.to_gpt_oss(packed, scales)
     assert gb.shape == (16, 4, 16)
     assert torch.equal(mx.dequantize(*mx.from_gpt_oss(gb, gs)), deq)
+
+
+def test_cpu_linear_fast_path_is_the_reference():
+    """On the CPU, same-dtype linears skip the dispatch and casts: the result must be the reference's exactly, with
+    and without the residual `add`; mixed dtypes still promote as the reference does."""
+    from kestrel.ops import linear as linear_ops
+    from kestrel.ops.linear import reference as linear_ref
+
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, D64, torch.bfloat16):
+        x, w = torch.randn(3, 5, 16, generator=gen).to(dtype), torch.randn(24, 16, generator=gen).to(dtype)
+        add = torch.randn(3, 5, 24, generator=gen).to(dtype)
+        assert torch.equal(linear_ops.linear(x, w), linear_ref.linear(x, w))
+        assert torch.equal(linear_ops.linear(x, w, add), linear_ref.linear(x, w, add))
+    x, w = torch.randn(2, 16, generator=gen).to(torch.bfloat16), torch.randn(8, 16, generator=gen)
+    assert linear_ops.linear(x, w).dtype == torch.float32
+    assert torch.equal(linear_ops.linear(x, w), linear_ref.linear(x, w))
