@@ -127,8 +127,8 @@ class Scheduler:
                 updated += self._process(previous[0], self._result(previous[1], previous[0]))
         if self.check_invariants:
             self.mm.check_invariants(self.running)
-        seen: set[int] = set()  # a request drained and then run again in one step is reported once
-        updated = [r for r in updated + self._finished if not (id(r) in seen or seen.add(id(r)))]
+        # each request once, in first-seen order (one drained and then run again in the same step appears twice)
+        updated = list({id(r): r for r in updated + self._finished}.values())
         self._finished = []
         return updated
 

@@ -92,9 +92,10 @@ class SpecWorker:
         if min(b.input_ids) < 0:
             x0 = torch.where(x0 < 0, r.future[(-x0 - 1).clamp_min(0)], x0)
         feats = torch.stack([self.features[q.rid] for q in b.reqs])
+        bucket = self._bucket(B)
         planning = self.use_planner and B >= PLANNER_MIN_BATCH
         # the guard may serve this step whole (the planner's measured rate trails verify-all's in this bucket)
-        prune = planning and self.guard.use_planner(self._bucket(B))
+        prune = planning and self.guard.use_planner(bucket)
         with record_function("spec.draft"):  # the confidence head only when this step may prune
             if self.draft_graphs is not None and self.draft_graphs.bucket(B) is not None:
                 draft = self.draft_graphs.run(feats, x0, prune)
@@ -141,17 +142,17 @@ class SpecWorker:
                           spec_drafted=keep, spec_snapshots=taken)
         t_end = time.perf_counter()
         if planning:
-            over, k = t_end - t_start - t_verify, self._bucket(B)
+            over = t_end - t_start - t_verify
             # the host work between the previous step and this one (scheduling, result processing) is part of every
             # step too; a longer gap is the engine idling, not overhead
             between = t_start - self._last_end if self._last_end is not None else -1.0
             busy = 0.0 <= between < IDLE_GAP_S
             over += between if busy else 0.0
-            self.overhead[k] = over if k not in self.overhead else 0.8 * self.overhead[k] + 0.2 * over
+            self.overhead[bucket] = over if bucket not in self.overhead else 0.8 * self.overhead[bucket] + 0.2 * over
             if busy:
-                self.guard.record(k, prune, sum(commit), t_end - t_start + between)
+                self.guard.record(bucket, prune, sum(commit), t_end - t_start + between)
         self._last_end = t_end
-        st = self.step_stats.setdefault((self._bucket(B), prune), [0, 0, 0, 0.0, 0.0])
+        st = self.step_stats.setdefault((bucket, prune), [0, 0, 0, 0.0, 0.0])
         for i, v in enumerate((1, B, sum(commit), t_end - t_start, t_verify)):
             st[i] += v
         if b.want_logprobs or b.top_logprobs_num:

@@ -319,17 +319,18 @@ def kda_verify(x, raw_gate, beta, lens: list[int], conv_weight, conv_state, ssm,
     q, k = l2norm(q), l2norm(k) * valid[..., None, None].to(y.dtype)
     g = kda_gate(raw_gate, A_log, dt_bias, lower_bound) * valid[..., None, None]
     beta = beta * valid[..., None].to(beta.dtype)
-    if snapshot_states:
-        state = ssm[slots]
-        out, states = [], []
+    # the closed form, unless the snapshot baseline needs every step's state or the gates are too steep for it
+    o = None if snapshot_states else kda_block_outputs(q, k, v, g, beta, ssm[slots], scale)
+    states = []
+    if o is None:  # the token loop on a copy of the committed state
+        state, out = ssm[slots], []
         for t in range(L):
             out.append(kda_step(state, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], scale))
-            states.append(state.clone())
-        return torch.stack(out, 1).to(v.dtype), KDAReplay(x, None, None, None, None, torch.stack(states, 1))
-    o = kda_block_outputs(q, k, v, g, beta, ssm[slots], scale)
-    if o is None:  # gates too steep for the closed form: the token loop on a copy
-        state = ssm[slots]
-        o = torch.stack([kda_step(state, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], scale) for t in range(L)], 1)
+            if snapshot_states:
+                states.append(state.clone())
+        o = torch.stack(out, 1)
+    if snapshot_states:
+        return o.to(v.dtype), KDAReplay(x, None, None, None, None, torch.stack(states, 1))
     return o.to(v.dtype), KDAReplay(x, k, v, g, beta)
 
 
@@ -382,8 +383,9 @@ def kda_fold(rec: KDAReplay, conv_state, ssm, slots, commit: list[int], snapshot
         rows = slot_rows(slots)
         state = ssm[rows]  # a view when rows is a slice (updated in place)
         steps = torch.tensor(commit, device=rec.x.device)
+        everyone = min(commit)  # steps every sequence takes: masking by 1 is exact, so it is skipped
         for t in range(max(commit)):
-            if t < min(commit):  # every sequence takes this step (masking by 1 is exact: skip it)
+            if t < everyone:
                 kda_update(state, rec.k[:, t], rec.v[:, t], rec.g[:, t], rec.beta[:, t])
             else:
                 on = (steps > t).to(state.dtype)
