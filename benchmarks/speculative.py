@@ -154,7 +154,13 @@ def main() -> None:
         # engine with its planner switched off and on
         plain = make(args, max_running_requests=max(batches))
         spec = make(args, max_running_requests=max(batches), speculative_algorithm="dspark")
-        spec.runner.spec.prepare(max(batches))
+        w = spec.runner.spec
+        w.prepare(max(batches))
+        for bk in sorted(w.profile):
+            full = {L: t for L, _, t in w.profile[bk]}
+            print(f"   planner at bucket {bk}: whole blocks {full[max(full)] * 1e3:.2f} ms, every block cut to one "
+                  f"token {full[min(full)] * 1e3:.2f} ms, planning costs {w.plan_cost.get(bk, 0) * 1e3:.2f} ms a step "
+                  f"-> {'plans' if w._worth_planning(bk) else 'never plans (verifies every draft)'}", flush=True)
         sides = ("none", "verify-all", "planned")
         for b in batches:
             prompts = [pool[i % len(pool)] for i in range(max(b, 4))]

@@ -49,6 +49,9 @@ class SpecWorker:
         self.features: dict[str, torch.Tensor] = {}  # rid -> target features at its last processed position
         self.use_planner = use_planner
         self.profile: dict[int, list[tuple[int, float, float]]] = {}
+        # per batch bucket: what planning adds to a step (drafting with the confidence head, the plan itself),
+        # measured with the profile; where pruning every draft would save less than this, no step plans
+        self.plan_cost: dict[int, float] = {}
         # per batch bucket: seconds an engine iteration spends outside the target's verify forward (EMA): drafting,
         # acceptance, fold, and the scheduler's own work between two steps. The planner adds it to every plan's cost.
         self.overhead: dict[int, float] = {}
@@ -93,7 +96,7 @@ class SpecWorker:
             x0 = torch.where(x0 < 0, r.future[(-x0 - 1).clamp_min(0)], x0)
         feats = torch.stack([self.features[q.rid] for q in b.reqs])
         bucket = self._bucket(B)
-        planning = self.use_planner and B >= PLANNER_MIN_BATCH
+        planning = self.use_planner and B >= PLANNER_MIN_BATCH and self._worth_planning(B)
         # the guard may serve this step whole (the planner's measured rate trails verify-all's in this bucket)
         prune = planning and self.guard.use_planner(bucket)
         with record_function("spec.draft"):  # the confidence head only when this step may prune
@@ -228,6 +231,44 @@ class SpecWorker:
         bucket = self._bucket(batch)
         if bucket not in self.profile:
             self.profile[bucket] = self._measure(bucket)
+            self.plan_cost[bucket] = self._measure_plan_cost(bucket)
+
+    def _worth_planning(self, batch: int) -> bool:
+        """Whether any plan can beat verify-all at this batch: the most pruning can save (every block cut to its
+        last token) against what planning costs. On a launch-bound target the verify step costs about the same at
+        every block length (a flat profile), and planning would only add its own cost to every step."""
+        self._profiled(batch)
+        bucket = self._bucket(batch)
+        rows = {L: full for L, _, full in self.profile[bucket]}
+        return rows[max(rows)] - rows[min(rows)] > self.plan_cost.get(bucket, 0.0)
+
+    def _measure_plan_cost(self, batch: int) -> float:
+        """One-off: a planning step's drafting and planning time less a whole step's drafting (zero features)."""
+        dev = self.runner.device
+        feats = torch.zeros(batch, self.drafter.cfg.feature_size, dtype=self.drafter.fc.weight.dtype, device=dev)
+        x0 = torch.zeros(batch, dtype=torch.long, device=dev)
+
+        def draft(confidence: bool) -> None:
+            if self.draft_graphs is not None and self.draft_graphs.bucket(batch) is not None:
+                d = self.draft_graphs.run(feats, x0, confidence)
+            else:
+                d = self.drafter.propose(feats, x0, self.gamma, want_probs=False, want_confidence=confidence)
+            if confidence:
+                self._plan(d.confidence, [self.gamma] * batch)
+            d.tokens.tolist()
+
+        def timed(confidence: bool) -> float:
+            times = []
+            for _ in range(6):
+                start = time.perf_counter()
+                draft(confidence)
+                times.append(time.perf_counter() - start)
+            return sorted(times[1:])[2]  # the first is a warm-up
+
+        with torch.inference_mode():
+            cost = max(timed(True) - timed(False), 0.0)
+        log.info("planning cost at batch %d: %.3f ms a step", batch, cost * 1e3)
+        return cost
 
     def _plan(self, confidence: torch.Tensor, max_drafts: list[int]) -> list[int]:
         self._profiled(len(max_drafts))

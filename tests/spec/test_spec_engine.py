@@ -246,3 +246,42 @@ def test_engine_guard_records_both_modes(tiny64, drafter_dir):
     counts = worker.guard.count[16]
     assert counts[True] >= 2 and counts[False] >= 2, counts
     core.shutdown()
+
+
+def test_no_planning_where_no_plan_can_pay(tiny64, drafter_dir):
+    """Where the profile is flat (a verify step costs the same at every block length, as on a launch-bound GPU)
+    and planning costs something, no step drafts with confidence or prunes; where pruning could save more than
+    planning costs, the planner runs."""
+    prompts = random_prompts(10, seed=6, lo=5, hi=25)
+    core = spec_core(tiny64, drafter_dir, speculative_num_draft_tokens=4, disable_overlap_schedule=True)
+    worker = core.runner.spec
+    worker.profile = {16: [(n, 1e-3, 1e-3 * (1 + 0.001 * n)) for n in range(1, 6)]}
+    worker.plan_cost = {16: 1e-4}  # more than the 4e-6 s that cutting every block to one token would save
+    assert not worker._worth_planning(10)
+    reqs = [core.make_request(p, {**G, "max_new_tokens": 12}) for p in prompts]
+    done = drive(core, reqs)
+    for r, p in zip(reqs, prompts):
+        assert done[r.rid].output_ids == greedy_reference(tiny64, p, 12)
+    assert not worker.guard.count and not any(pruned for _, pruned in worker.step_stats)
+    assert any(bucket >= 8 for bucket, _ in worker.step_stats)  # steps at batch >= 8 ran, all whole
+    worker.plan_cost = {16: 1e-6}
+    assert worker._worth_planning(10)
+    core.shutdown()
+
+
+def test_profile_and_plan_cost_measured_on_first_use(tiny64, drafter_dir):
+    """Without a preset profile, the first planning-size step measures the bucket's verify profile and the cost of
+    planning (drafting with confidence + the plan, less plain drafting), and greedy output stays the reference's."""
+    prompts = random_prompts(9, seed=8, lo=5, hi=20)
+    core = spec_core(tiny64, drafter_dir, speculative_num_draft_tokens=3, disable_overlap_schedule=True)
+    worker = core.runner.spec
+    reqs = [core.make_request(p, {**G, "max_new_tokens": 6}) for p in prompts]
+    for r in reqs:
+        core.add_request(r)
+    while core.has_work():
+        core.step()
+    for r, p in zip(reqs, prompts):
+        assert r.output_ids == greedy_reference(tiny64, p, 6)
+    assert set(worker.profile) == {16} and set(worker.plan_cost) == {16}
+    assert worker.plan_cost[16] >= 0 and len(worker.profile[16]) == 4
+    core.shutdown()
