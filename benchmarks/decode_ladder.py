@@ -115,9 +115,10 @@ def ladder(cfg, model, args, log, floor_s):
         return fn().logits.float().clone()
 
     gemv, default_pdl = linear_ops.GEMV_MAX_M, ops.PDL
-    pdl = not args.skip_pdl  # the last stage (the engine's default; --disable-pdl turns it off)
+    pdl = not args.skip_pdl  # the last stages (the engine's default; --disable-pdl turns it off)
     linear_ops.GEMV_MAX_M = 0  # the stages before the GEMV one: every linear layer on cuBLAS
-    ops.PDL = False  # and before the last: plain launches
+    linear_ops.FUSE_PROLOGUES = False  # before the last: activations and norms as their own kernels
+    ops.PDL = False  # and before the PDL ones: plain launches
     with reference_ops():
         stage("eager, reference ops", lambda: model(fb), 5)
     stage("eager, Triton kernels", lambda: model(fb), 10)
@@ -145,7 +146,15 @@ def ladder(cfg, model, args, log, floor_s):
         # the same kernels launched early: any missing wait would show as a race, so demand bit-equality
         graphed = from_snapshot(lambda: runner.run(fb))
         log(f"PDL graph bit-equal to plain launches: {torch.equal(graphed, plain)}")
+        graph_timeline(lambda: runner.run(fb), log, label="PDL graph, prologues unfused")
         del runner
+    linear_ops.FUSE_PROLOGUES = True
+    runner = captured()
+    stage("CUDA graph, + prologues fused into the GEMV", lambda: runner.run(fb), 50)
+    fused = from_snapshot(lambda: runner.run(fb))
+    log(f"fused prologues vs unfused logits rel err {((fused - plain).norm() / plain.norm()).item():.2e}")
+    graph_timeline(lambda: runner.run(fb), log, label="final graph")
+    del runner
     ops.PDL = False  # a PDL kernel's time would include its wait for the one before
     kernel_breakdown(lambda: model(fb), log)
     ops.PDL = default_pdl
@@ -196,6 +205,38 @@ def kernel_breakdown(step, log, steps: int = 3, top: int = 24, label: str = "dec
     log(f"kernel time per step ({label}, eager, fused): {total:.0f} us in {launches:.0f} launches")
     for name, (n, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:top]:
         log(f"  {t / steps:8.1f} us  {n / steps:6.1f}x  {name[:90]}")
+
+
+def graph_timeline(run, log, steps: int = 5, top: int = 20, label: str = "graph"):
+    """Where a graphed step's wall time goes: the kernels as the GPU ran them (the profiler traces a graph's
+    kernels), each charged with how far it moved the step's end (its end minus the latest end before it, so launch
+    gaps and PDL waits count against the kernel that ended them, and a kernel overlapped by PDL costs little)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    ev = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower() and "memset" not in e.name.lower())
+    if not ev:
+        log(f"timeline ({label}): no kernels traced")
+        return
+    agg, last = {}, ev[0][0]
+    for start, end, name in ev:
+        adv = max(0.0, end - last)
+        last = max(last, end)
+        n, a, d = agg.get(name, (0, 0.0, 0.0))
+        agg[name] = (n + 1, a + adv, d + (end - start))
+    span = (ev[-1][1] - ev[0][0]) / steps
+    busy = sum(a for _, a, _ in agg.values()) / steps
+    dur = sum(d for _, _, d in agg.values()) / steps
+    log(f"timeline ({label}): {len(ev) / steps:.0f} kernels a step, span {span:.0f} us a step, kernel durations "
+        f"sum {dur:.0f} us; charged time by kernel (us a step, launches, mean duration us):")
+    for name, (n, a, d) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:top]:
+        log(f"  {a / steps:8.1f} us  {n / steps:6.1f}x  {d / n:6.2f}  {name[:80]}")
 
 
 @torch.no_grad()

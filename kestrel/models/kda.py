@@ -8,6 +8,7 @@ from kestrel.models.forward_batch import ForwardBatch, ForwardMode
 from kestrel.models.layers.linear import FusedLinears, Linear
 from kestrel.models.layers.norm import RMSNorm
 from kestrel.ops import kda as kda_ops
+from kestrel.ops.linear import Prologue
 from kestrel.ops.norm import gated_rms_norm
 
 
@@ -71,7 +72,7 @@ class KDAMixer(nn.Module):
         self._fused_conv = (buf.squeeze(1), [c.weight.data_ptr() for c in self._convs()])
 
     def _project(self, x: torch.Tensor):
-        """mixed [T, 3HK], raw gate [T, H, K], beta [T, H] and the output gate's input projection."""
+        """mixed [T, 3HK], raw gate [T, H, K], beta's logits [T, H] and the output gate's input projection."""
         T, H, K = x.shape[0], self.num_heads, self.head_dim
         fused = getattr(self, "_fused", None)
         if fused is not None and fused.valid():
@@ -81,34 +82,36 @@ class KDAMixer(nn.Module):
             mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
             fa, b, gate = self.f_a_proj(x), self.b_proj(x), None
         raw_gate = self.f_b_proj(fa).view(T, H, K)
-        beta = torch.sigmoid(b.to(kda_ops.state_dtype_for(x.dtype)))  # [T, H]
         if gate is None:
             gate = self.output_gate(x)
         elif not hasattr(self, "g_proj"):
             gate = self.g_b_proj(gate)
-        return mixed, raw_gate, beta, gate
+        return mixed, raw_gate, b, gate
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """x: the normalised mixer input [T, D]."""
         T, H, K = x.shape[0], self.num_heads, self.head_dim
-        mixed, raw_gate, beta, gate = self._project(x)
+        mixed, raw_gate, b, gate = self._project(x)  # beta = sigmoid(b): inside the decode and verify kernels
         if fb.mode == ForwardMode.DECODE and fb.mem is not None:
-            o = self._decode(mixed, raw_gate, beta, fb)
+            o = self._decode(mixed, raw_gate, b, fb)
         elif fb.mode == ForwardMode.EXTEND and (split := fb.split_decode_rows()) is not None:
             # a mixed batch: decode rows through the decode kernel, prefill rows through the chunked path
             o = torch.empty(T, H, self.head_dim, dtype=mixed.dtype, device=mixed.device)
             dec, dec_tok = fb.subset(split[0])
-            o[dec_tok] = self._decode(mixed[dec_tok], raw_gate[dec_tok], beta[dec_tok], dec)
+            o[dec_tok] = self._decode(mixed[dec_tok], raw_gate[dec_tok], b[dec_tok], dec)
             ext, ext_tok = fb.subset(split[1])
             g = kda_ops.kda_gate(raw_gate[ext_tok], self.A_log, self.dt_bias, self.lower_bound)
-            o[ext_tok] = self._extend(mixed[ext_tok], g, beta[ext_tok], ext)
+            o[ext_tok] = self._extend(mixed[ext_tok], g, kda_ops.beta_from_logits(b[ext_tok], x.dtype), ext)
         elif fb.mode == ForwardMode.EXTEND:
             g = kda_ops.kda_gate(raw_gate, self.A_log, self.dt_bias, self.lower_bound)
+            beta = kda_ops.beta_from_logits(b, x.dtype)
             o = self._stateless(mixed, g, beta, fb) if fb.mem is None else self._extend(mixed, g, beta, fb)
         else:
-            o = self._verify(mixed, raw_gate, beta, fb)
-        o = gated_rms_norm(o, gate.view(T, H, K), self.o_norm.weight, self.eps)
-        return self.o_proj(o.reshape(T, H * K))
+            o = self._verify(mixed, raw_gate, b, fb)
+        g, w = gate.reshape(T, H * K), self.o_norm.weight
+        pro = Prologue("gated_rms", o.reshape(T, H * K), other=g, weight=w, eps=self.eps, group=K,
+                       apply=lambda: gated_rms_norm(o, g.view(T, H, K), w, self.eps).reshape(T, H * K))
+        return self.o_proj.forward_with(pro)  # the output norm inside a one-row GEMV
 
     def _qkv(self, y: torch.Tensor):
         """Conv output [..., 3HK] -> q, k normalised [..., H, K] and v [..., H, K]."""
@@ -163,22 +166,23 @@ class KDAMixer(nn.Module):
                 conv_state[dst] = windows[i][off : off + W - 1]
         return o
 
-    def _verify(self, mixed, raw_gate, beta, fb):
+    def _verify(self, mixed, raw_gate, b, fb):
         """Speculative verify of equal-length padded blocks: the committed state is read, not written; the step
         inputs go to fb.replay for the fold."""
         B, L = fb.batch_size, fb.extend_lens[0]
         lens = fb.verify_lens_t if fb.verify_lens_t is not None else fb.extend_lens
-        o, rec = kda_ops.verify(mixed.view(B, L, -1), raw_gate.view(B, L, *raw_gate.shape[1:]), beta.view(B, L, -1),
+        o, rec = kda_ops.verify(mixed.view(B, L, -1), raw_gate.view(B, L, *raw_gate.shape[1:]), b.view(B, L, -1),
                                 lens, self.conv_weight(), fb.mem.conv_state(self.layer_id),
                                 fb.mem.ssm_state(self.layer_id), fb.state_slots, self.A_log, self.dt_bias,
-                                self.lower_bound, self.head_dim**-0.5, snapshot_states=fb.spec_rollback == "snapshot")
+                                self.lower_bound, self.head_dim**-0.5, snapshot_states=fb.spec_rollback == "snapshot",
+                                beta_logits=True)
         fb.replay[self.layer_id] = rec
         return o.view(B * L, *o.shape[2:])
 
-    def _decode(self, mixed, raw_gate, beta, fb):
+    def _decode(self, mixed, raw_gate, b, fb):
         return kda_ops.decode(mixed, self.conv_weight(), fb.mem.conv_state(self.layer_id),
                               fb.mem.ssm_state(self.layer_id), fb.state_slots, raw_gate, self.A_log, self.dt_bias,
-                              self.lower_bound, beta, self.head_dim**-0.5)
+                              self.lower_bound, b, self.head_dim**-0.5, beta_logits=True)
 
 
 def fused_slice(first: torch.Tensor, last: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ from kestrel.models.forward_batch import ForwardBatch, ForwardMode
 from kestrel.models.layers.linear import FusedLinears, Linear
 from kestrel.models.layers.norm import RMSNorm
 from kestrel.ops import mla as mla_ops
+from kestrel.ops.linear import Prologue
 
 # Moonshot's code uses 1e-6 for the latent norms whatever rms_norm_eps says
 LATENT_NORM_EPS = 1e-6
@@ -83,7 +84,9 @@ class MLAMixer(nn.Module):
             o = self._per_sequence(q, latent, fb)
         o = o.reshape(x.shape[0], -1)  # [T, H * v_dim]
         if hasattr(self, "g_proj"):
-            o = o * torch.sigmoid(self.g_proj(x) if gate is None else gate)
+            g = self.g_proj(x) if gate is None else gate
+            # the output gate inside a one-row GEMV
+            return self.o_proj.forward_with(Prologue("gate", o, lambda: o * torch.sigmoid(g), other=g))
         return self.o_proj(o)
 
     def _decode(self, q, buf, page_table, seq_lens):

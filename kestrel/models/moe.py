@@ -37,7 +37,8 @@ class DenseFFN(nn.Module):
         if gate_up is None and fused is not None and fused.valid():
             gate_up = fused(x)
         a, b = gate_up if gate_up is not None else (self.gate_proj(x), self.up_proj(x))
-        return self.down_proj(moe_ops.activate(self.act, a, b), add)
+        pro = linear_ops.Prologue("act", a, lambda: moe_ops.activate(self.act, a, b), other=b, act=self.act)
+        return self.down_proj.forward_with(pro, add)  # the activation inside a one-row GEMV
 
 
 class Router(nn.Module):
@@ -96,10 +97,16 @@ class MoE(nn.Module):
                                       weights, ids, self.act)
         else:
             y = moe_ops.experts(h, self.experts, weights, ids, self.act)
-        if hasattr(self, "routed_expert_norm"):
-            y = self.routed_expert_norm(y)
         if hasattr(self, "routed_expert_up_proj"):
-            y = self.routed_expert_up_proj(y)
+            norm = getattr(self, "routed_expert_norm", None)
+            if norm is not None:  # the latent norm inside a one-row GEMV
+                y0 = y
+                pro = linear_ops.Prologue("rms", y0, lambda: norm(y0), weight=norm.weight, eps=norm.eps)
+                y = self.routed_expert_up_proj.forward_with(pro)
+            else:
+                y = self.routed_expert_up_proj(y)
+        elif hasattr(self, "routed_expert_norm"):
+            y = self.routed_expert_norm(y)
         if hasattr(self, "shared_experts"):
             y = self.shared_experts(x, shared_in, add=y)  # shared + routed: the add rides the down projection
         return y

@@ -79,24 +79,33 @@ def test_attn_res_settle(dtype, n, form):
     assert rel(z1, z2) < TOL[dtype]
 
 
+def _beta(shape, logits: bool, dtype):
+    """beta in (0, 1), or (logits) row-strided beta logits in the activation dtype, as the fused projection gives."""
+    if not logits:
+        return torch.rand(*shape, device=DEV)
+    return rnd(*shape[:-1], 3 * shape[-1], dtype=dtype)[..., 1 : 1 + shape[-1]]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
-def test_kda_decode(dtype, lower_bound):
+@pytest.mark.parametrize("logits", [False, True])
+def test_kda_decode(dtype, lower_bound, logits):
     from kestrel.ops.kda import reference as R, triton as K
     B, H, Kd, W, S = (3, 2, 16, 4, 6) if SMALL else (33, 16, 128, 4, 40)
     mixed, cw = rnd(B, 3 * H * Kd, dtype=dtype), rnd(3 * H * Kd, W, dtype=dtype, scale=0.5)
     conv, ssm = rnd(S, W - 1, 3 * H * Kd, dtype=dtype), rnd(S, H, Kd, Kd)
     slots = torch.randperm(S - 1, device=DEV)[:B] + 1
-    raw, A, dtb, beta = rnd(B, H, Kd, dtype=dtype), rnd(H), rnd(H * Kd), torch.rand(B, H, device=DEV)
+    raw, A, dtb, beta = rnd(B, H, Kd, dtype=dtype), rnd(H), rnd(H * Kd), _beta((B, H), logits, dtype)
     c1, s1, c2, s2 = conv.clone(), ssm.clone(), conv.clone(), ssm.clone()
-    o1 = R.kda_decode(mixed, cw, c1, s1, slots, raw, A, dtb, lower_bound, beta, Kd**-0.5)
-    o2 = K.kda_decode(mixed, cw, c2, s2, slots, raw, A, dtb, lower_bound, beta, Kd**-0.5)
+    o1 = R.kda_decode(mixed, cw, c1, s1, slots, raw, A, dtb, lower_bound, beta, Kd**-0.5, logits)
+    o2 = K.kda_decode(mixed, cw, c2, s2, slots, raw, A, dtb, lower_bound, beta, Kd**-0.5, logits)
     assert rel(o2, o1) < TOL[dtype] and rel(s2, s1) < TOL[dtype] / 4 and rel(c2, c1) < TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
-def test_kda_verify_and_fold(dtype, lower_bound):
+@pytest.mark.parametrize("logits", [False, True])
+def test_kda_verify_and_fold(dtype, lower_bound, logits):
     """The Triton verify against the reference verify; the Triton fold against the reference fold; and ReplaySSM's
     invariant on the kernels themselves: verify + fold of any accepted prefix leaves the conv tail and the state
     bit-identical to decoding those tokens one by one with the decode kernel (snapshots inside the window too)."""
@@ -107,14 +116,15 @@ def test_kda_verify_and_fold(dtype, lower_bound):
     conv, ssm = rnd(S, W - 1, C, dtype=dtype), rnd(S, H, Kd, Kd)
     slots = torch.randperm(S // 2 - 1, device=DEV)[:B] + 1
     snap_slots = torch.randperm(S // 2, device=DEV)[:B] + S // 2
-    raw, A, dtb, beta = rnd(B, L, H, Kd, dtype=dtype), rnd(H), rnd(H * Kd), torch.rand(B, L, H, device=DEV)
+    raw, A, dtb, beta = rnd(B, L, H, Kd, dtype=dtype), rnd(H), rnd(H * Kd), _beta((B, L, H), logits, dtype)
     lens = torch.randint(1, L + 1, (B,)).tolist()
     commit = [torch.randint(1, n + 1, ()).item() for n in lens]
     snaps = [(torch.randint(1, c + 1, ()).item(), int(snap_slots[i])) if i % 2 == 0 else None
              for i, c in enumerate(commit)]
 
     def run(impl, conv_s, ssm_s):
-        o, rec = impl.kda_verify(x, raw, beta, lens, cw, conv_s, ssm_s, slots, A, dtb, lower_bound, Kd**-0.5)
+        o, rec = impl.kda_verify(x, raw, beta, lens, cw, conv_s, ssm_s, slots, A, dtb, lower_bound, Kd**-0.5,
+                                 beta_logits=logits)
         return o, rec
 
     c_ref, s_ref, c_k, s_k = conv.clone(), ssm.clone(), conv.clone(), ssm.clone()
@@ -136,7 +146,7 @@ def test_kda_verify_and_fold(dtype, lower_bound):
         rows = [i for i in range(B) if t < commit[i]]
         idx = torch.tensor(rows, device=DEV)
         o_d = K.kda_decode(x[idx, t], cw, c_d, s_d, slots[idx], raw[idx, t], A, dtb, lower_bound, beta[idx, t],
-                           Kd**-0.5)
+                           Kd**-0.5, logits)
         assert torch.equal(o_d, o_k[idx, t]), f"verify output differs from decode at step {t}: {rel(o_k[idx, t], o_d)}"
         for i in rows:
             if snaps[i] is not None and snaps[i][0] == t + 1:
@@ -243,6 +253,45 @@ def test_moe_experts(dtype, quant, kind):
         wts, ids = R.route(rnd(T, E), None, k, True, 2.5)
         ref = R.moe_experts(x, ew.dense("w1", dtype), ew.dense("w2", dtype), ew.dense("w3", dtype), wts, ids, act)
         assert rel(K.moe_experts(x, ew, wts, ids, act), ref) < TOL[dtype], T
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 3])
+@pytest.mark.parametrize("kind", ["situ", "silu", "rms", "gated_rms", "gate"])
+def test_linear_prologue(dtype, M, kind):
+    """The GEMV building its input (activation, RMSNorm, KDA's per-head gated norm, MLA's output gate) from
+    row-strided views of the previous op's outputs, against the unfused ops then the GEMV: SiTU (the activation
+    kernel's own function) bit-equal; torch's sigmoid formulas and the norms (reductions ordered differently)
+    within rounding."""
+    from kestrel.ops.linear import Prologue, triton as K
+    from kestrel.ops.moe import Activation
+    from kestrel.ops.moe import triton as MK
+    from kestrel.ops.norm import triton as NK
+    N, Kd, group = (40, 64, 16) if SMALL else (2048, 2048, 128)
+    buf = rnd(M, 3 * Kd, dtype=dtype)
+    x, other = buf[:, :Kd], buf[:, 2 * Kd :]  # row stride 3 Kd, like the split outputs of a fused GEMM
+    nw = rnd(Kd if kind == "rms" else group, dtype=dtype)
+    w, add = rnd(N, Kd, dtype=dtype, scale=Kd**-0.5), rnd(M, N, dtype=dtype)
+    act = Activation("situ" if kind == "situ" else "silu", 4.0, 25.0)
+    if kind in ("situ", "silu"):
+        pro = Prologue("act", x, lambda: MK.activate(act, x, other), other=other, act=act)
+    elif kind == "gate":
+        pro = Prologue("gate", x, lambda: x * torch.sigmoid(other), other=other)
+    elif kind == "rms":
+        pro = Prologue("rms", x, lambda: NK.rms_norm(x, nw, 1e-6), weight=nw, eps=1e-6)
+    else:
+        pro = Prologue("gated_rms", x, other=other, weight=nw, eps=1e-6, group=group,
+                       apply=lambda: NK.gated_rms_norm(x.reshape(M, -1, group), other.reshape(M, -1, group), nw,
+                                                      1e-6).reshape(M, Kd))
+    fused, unfused = K.linear(x, w, add, pro), K.linear(pro.apply(), w, add)
+    exact = kind == "situ" and not (INTERPRET and dtype == torch.bfloat16)
+    if exact:
+        assert torch.equal(fused, unfused)
+    else:
+        assert rel(fused, unfused) < TOL[dtype]
+    # and the dispatcher serves one row with the fused GEMV, more rows with the ops one by one
+    from kestrel.ops import linear as L
+    assert rel(L.linear_with(pro, w, add), unfused) < TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

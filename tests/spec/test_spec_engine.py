@@ -99,7 +99,8 @@ def test_planner_overhead_counts_host_time_between_steps(tiny64, drafter_dir):
 
     core = spec_core(tiny64, drafter_dir, speculative_num_draft_tokens=4, disable_overlap_schedule=True)
     worker = core.runner.spec
-    worker.profile = {16: [(n, 1e-3 * (1 + 0.01 * n), 1e-3 * (1 + 0.05 * n)) for n in range(1, 6)]}
+    worker.profile = {b: [(n, 1e-3 * (1 + 0.01 * n), 1e-3 * (1 + 0.05 * n)) for n in range(1, 6)] for b in (8, 16)}
+    worker.plan_cost = {8: 0.0, 16: 0.0}  # planning pays at every batch: the steps plan (and record their overhead)
     stall = 0.2
     assert stall < IDLE_GAP_S
     for p in random_prompts(8, seed=5, lo=5, hi=20):

@@ -24,6 +24,12 @@ class Linear(nn.Module):
             return y if add is None else y + add
         return linear_ops.linear(x, self.weight, add)
 
+    def forward_with(self, pro: linear_ops.Prologue, add: torch.Tensor | None = None) -> torch.Tensor:
+        """self(pro.apply(), add): the input made by a prologue, inside the GEMV where one serves the call."""
+        if self.bias is not None:
+            return self(pro.apply(), add)
+        return linear_ops.linear_with(pro, self.weight, add)
+
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}"
 

@@ -4,7 +4,8 @@ import torch
 
 from kestrel.ops import kernel
 from kestrel.ops.kda import reference
-from kestrel.ops.kda.reference import causal_conv1d, kda_gate, kda_step, l2norm, state_dtype_for  # noqa: F401
+from kestrel.ops.kda.reference import beta_from_logits, causal_conv1d, kda_gate, kda_step, l2norm  # noqa: F401
+from kestrel.ops.kda.reference import state_dtype_for  # noqa: F401
 from kestrel.ops.kda.reference import kda_chunked_factored as chunked_factored  # noqa: F401
 from kestrel.ops.kda.reference import KDAReplay  # noqa: F401
 
@@ -15,25 +16,28 @@ def chunked(q, k, v, g, beta, **kw):
     return fn(q, k, v, g, beta, **kw)
 
 
-def decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale):
+def decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale,
+           beta_logits: bool = False):
     """One decode token per sequence: conv tail update, SiLU, L2 norm, gates, recurrence; in place on the slots.
 
     mixed [B, 3HK] (q, k, v projections); conv_weight [3HK, W]; conv_state [S, W - 1, 3HK]; ssm [S, H, K, V];
-    slots [B]; raw_gate [B, H, K] (gate bottleneck output); beta [B, H]. Returns o [B, H, V] in v's dtype.
+    slots [B]; raw_gate [B, H, K] (gate bottleneck output); beta [B, H], or with beta_logits its logits b
+    (beta = sigmoid(b) in the state dtype, computed inside the kernel on GPU). Returns o [B, H, V] in v's dtype.
     """
     fn = kernel(__name__ + ".triton", "kda_decode", mixed) or reference.kda_decode
-    return fn(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale)
+    return fn(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale,
+              beta_logits)
 
 
 def verify(x, raw_gate, beta, lens, conv_weight, conv_state, ssm, slots, A_log, dt_bias, lower_bound, scale,
-           snapshot_states: bool = False):
+           snapshot_states: bool = False, beta_logits: bool = False):
     """Speculative verify over padded blocks (see reference.kda_verify): the committed state is read, not written;
     returns (o [B, L, H, V], KDAReplay). `lens` a list or a device tensor (CUDA-graph replays)."""
     fn = kernel(__name__ + ".triton", "kda_verify", x) or reference.kda_verify
     if fn is reference.kda_verify and isinstance(lens, torch.Tensor):
         lens = lens.tolist()
     return fn(x, raw_gate, beta, lens, conv_weight, conv_state, ssm, slots, A_log, dt_bias, lower_bound, scale,
-              snapshot_states)
+              snapshot_states, beta_logits)
 
 
 def fold(rec, conv_state, ssm, slots, commit, snapshots=None) -> None:

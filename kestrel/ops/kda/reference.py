@@ -220,8 +220,16 @@ def slot_rows(slots: torch.Tensor):
     return slice(first, first + n)
 
 
-def kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale):
+def beta_from_logits(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """KDA's beta = sigmoid(b) in the state dtype for activations of `dtype`."""
+    return torch.sigmoid(b.to(state_dtype_for(dtype)))
+
+
+def kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale,
+               beta_logits: bool = False):
     """Reference of the fused decode step (see kestrel.ops.kda.decode)."""
+    if beta_logits:
+        beta = beta_from_logits(beta, mixed.dtype)
     B = mixed.shape[0]
     H, K, V = ssm.shape[1:]
     rows = slot_rows(slots)
@@ -305,12 +313,15 @@ class KDAReplay:
 
 
 def kda_verify(x, raw_gate, beta, lens: list[int], conv_weight, conv_state, ssm, slots, A_log, dt_bias, lower_bound,
-               scale, snapshot_states: bool = False):
+               scale, snapshot_states: bool = False, beta_logits: bool = False):
     """Speculative verify over padded blocks: reads the committed conv tail and state of `slots`, writes neither.
 
-    x [B, L, C] conv inputs, raw_gate [B, L, H, K], beta [B, L, H]; block i has lens[i] tokens and the positions
-    past it are turned into exact no-ops (k = g = beta = 0). Returns (o [B, L, H, V], KDAReplay).
+    x [B, L, C] conv inputs, raw_gate [B, L, H, K], beta [B, L, H] (its logits with beta_logits); block i has lens[i]
+    tokens and the positions past it are turned into exact no-ops (k = g = beta = 0). Returns (o [B, L, H, V],
+    KDAReplay).
     """
+    if beta_logits:
+        beta = beta_from_logits(beta, x.dtype)
     B, L, C = x.shape
     H, K, V = ssm.shape[1:]
     valid = (torch.arange(L, device=x.device)[None, :] < torch.tensor(lens, device=x.device)[:, None])  # [B, L]

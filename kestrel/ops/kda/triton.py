@@ -90,11 +90,12 @@ def _delta_update(S, k, v, g, beta):
 
 @triton.jit
 def _kda_prep_kernel(x_ptr, w_ptr, conv_ptr, slots_ptr, raw_ptr, alog_ptr, dtb_ptr, q_ptr, k_ptr, v_ptr, g_ptr,
-                     H, stride_xb, stride_conv, lower_bound, scale, L, K: tl.constexpr, V: tl.constexpr,
-                     W: tl.constexpr, BW: tl.constexpr, SAFE_GATE: tl.constexpr, WRITE_TAIL: tl.constexpr,
-                     PDL: tl.constexpr):
+                     blog_ptr, beta_ptr, H, stride_xb, stride_conv, stride_blog, lower_bound, scale, L,
+                     K: tl.constexpr, V: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, SAFE_GATE: tl.constexpr,
+                     WRITE_TAIL: tl.constexpr, BETA_LOGITS: tl.constexpr, PDL: tl.constexpr):
     """Step t of block b, head h: conv window rows t .. t + W - 1 of [tail, x_b], SiLU, L2 norm, gate. Writes q
-    (scaled, fp32), k, v (activation dtype) and g (fp32) of the step; WRITE_TAIL (decode, L = 1) shifts the tail."""
+    (scaled, fp32), k, v (activation dtype) and g (fp32) of the step; WRITE_TAIL (decode, L = 1) shifts the tail;
+    BETA_LOGITS: beta = sigmoid(logit) (fp32) of the step and head too."""
     pdl_prologue(PDL)
     bt = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -120,6 +121,8 @@ def _kda_prep_kernel(x_ptr, w_ptr, conv_ptr, slots_ptr, raw_ptr, alog_ptr, dtb_p
     tl.store(k_ptr + row * K + rk, k.to(k_ptr.dtype.element_ty))
     tl.store(v_ptr + row * V + rv, v.to(v_ptr.dtype.element_ty))
     tl.store(g_ptr + row * K + rk, g)
+    if BETA_LOGITS:
+        tl.store(beta_ptr + row, tl.sigmoid(tl.load(blog_ptr + bt * stride_blog + h).to(tl.float32)))
     if WRITE_TAIL:
         tl.debug_barrier()
         _store_tail(tail, qw, h * K + rk, C, W, BW)
@@ -214,22 +217,37 @@ def _device_ints(v, device) -> torch.Tensor:
 
 
 def _launch_prep(x, conv_weight, conv_state, slots, raw_gate, A_log, dt_bias, lower_bound, scale, H, K, V,
-                 write_tail: bool):
+                 write_tail: bool, beta_logits: torch.Tensor | None = None):
+    """(q, k, v, g, beta): beta [B, L, H] fp32 from beta_logits ([B * L, H], rows may be strided), else None."""
     B, L, C = x.shape
     assert x.stride(2) == 1 and (L == 1 or x.stride(1) == C), "a block's steps must be contiguous rows"
     q = torch.empty(B, L, H, K, dtype=torch.float32, device=x.device)
     k = torch.empty(B, L, H, K, dtype=x.dtype, device=x.device)
     v = torch.empty(B, L, H, V, dtype=x.dtype, device=x.device)
     g = torch.empty(B, L, H, K, dtype=torch.float32, device=x.device)
+    beta = None
+    if beta_logits is not None:
+        beta_logits = beta_logits.reshape(B * L, H)
+        assert beta_logits.stride(-1) == 1
+        beta = torch.empty(B, L, H, dtype=torch.float32, device=x.device)
     W = conv_weight.shape[1]
     if B and L:
         _kda_prep_kernel[(B * L, H)](
-            x, conv_weight.contiguous(), conv_state, slots, raw_gate.contiguous(), A_log, dt_bias, q, k, v, g, H,
-            x.stride(0), conv_state.stride(0), 0.0 if lower_bound is None else float(lower_bound), float(scale), L=L,
-            K=K, V=V,
-            W=W, BW=triton.next_power_of_2(W), SAFE_GATE=lower_bound is not None, WRITE_TAIL=write_tail,
-            num_warps=4, **pdl_args(x))
-    return q, k, v, g
+            x, conv_weight.contiguous(), conv_state, slots, raw_gate.contiguous(), A_log, dt_bias, q, k, v, g,
+            beta_logits if beta is not None else g, beta if beta is not None else g, H, x.stride(0),
+            conv_state.stride(0), beta_logits.stride(0) if beta is not None else 0,
+            0.0 if lower_bound is None else float(lower_bound), float(scale), L=L, K=K, V=V, W=W,
+            BW=triton.next_power_of_2(W), SAFE_GATE=lower_bound is not None, WRITE_TAIL=write_tail,
+            BETA_LOGITS=beta is not None, num_warps=4, **pdl_args(x))
+    return q, k, v, g, beta
+
+
+def _logits(beta: torch.Tensor, is_logits: bool) -> torch.Tensor | None:
+    """beta's logits as [rows, H] with unit column stride (for the prep kernel), or None when beta is given."""
+    if not is_logits:
+        return None
+    b = beta.reshape(-1, beta.shape[-1])
+    return b if b.stride(-1) == 1 else b.contiguous()
 
 
 def _launch_recur(q, k, v, g, beta, o, ssm, slots, n, snaps, write_state: bool):
@@ -247,23 +265,25 @@ def _launch_recur(q, k, v, g, beta, o, ssm, slots, n, snaps, write_state: bool):
             num_warps=4, **pdl_args(k))
 
 
-def kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale):
+def kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale,
+               beta_logits: bool = False):
     """See kestrel.ops.kda.decode. fp64 inputs go to the reference."""
     if mixed.dtype == torch.float64:
         from kestrel.ops.kda.reference import kda_decode as ref
-        return ref(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale)
+        return ref(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale,
+                   beta_logits)
     B = mixed.shape[0]
     H, K, V = _checked(mixed, conv_state, ssm)
     x = (mixed if mixed.stride(-1) == 1 else mixed.contiguous()).unsqueeze(1)  # rows may be strided
-    q, k, v, g = _launch_prep(x, conv_weight, conv_state, slots, raw_gate, A_log, dt_bias, lower_bound, scale,
-                              H, K, V, write_tail=True)
+    q, k, v, g, b = _launch_prep(x, conv_weight, conv_state, slots, raw_gate, A_log, dt_bias, lower_bound, scale,
+                                 H, K, V, write_tail=True, beta_logits=_logits(beta, beta_logits))
     o = torch.empty(B, 1, H, V, dtype=mixed.dtype, device=mixed.device)
-    _launch_recur(q, k, v, g, beta.contiguous(), o, ssm, slots, None, None, write_state=True)
+    _launch_recur(q, k, v, g, b if b is not None else beta.contiguous(), o, ssm, slots, None, None, write_state=True)
     return o.view(B, H, V)
 
 
 def kda_verify(x, raw_gate, beta, lens, conv_weight, conv_state, ssm, slots, A_log, dt_bias, lower_bound, scale,
-               snapshot_states: bool = False):
+               snapshot_states: bool = False, beta_logits: bool = False):
     """See reference.kda_verify; `lens` may be a device tensor. fp64 and the snapshot baseline go to the reference.
     The record's steps past a block's length hold that step's real inputs (the fold never reaches them)."""
     from kestrel.ops.kda import reference as R
@@ -272,12 +292,13 @@ def kda_verify(x, raw_gate, beta, lens, conv_weight, conv_state, ssm, slots, A_l
         if isinstance(lens, torch.Tensor):
             lens = lens.tolist()
         return R.kda_verify(x, raw_gate, beta, lens, conv_weight, conv_state, ssm, slots, A_log, dt_bias, lower_bound,
-                            scale, snapshot_states)
+                            scale, snapshot_states, beta_logits)
     B, L, C = x.shape
     H, K, V = _checked(x, conv_state, ssm)
-    x, beta = x.contiguous(), beta.contiguous()
-    q, k, v, g = _launch_prep(x, conv_weight, conv_state, slots, raw_gate, A_log, dt_bias, lower_bound, scale,
-                              H, K, V, write_tail=False)
+    x = x.contiguous()
+    q, k, v, g, b = _launch_prep(x, conv_weight, conv_state, slots, raw_gate, A_log, dt_bias, lower_bound, scale,
+                                 H, K, V, write_tail=False, beta_logits=_logits(beta, beta_logits))
+    beta = b if b is not None else beta.contiguous()
     o = torch.zeros(B, L, H, V, dtype=x.dtype, device=x.device)
     _launch_recur(q, k, v, g, beta, o, ssm, slots, _device_ints(lens, x.device), None, write_state=False)
     return o, R.KDAReplay(x, k, v, g, beta)

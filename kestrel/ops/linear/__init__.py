@@ -2,6 +2,9 @@
 Triton GEMV, which streams each weight row once with the rows of x held in registers; everything else (and every
 CPU call) is F.linear."""
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -31,3 +34,37 @@ def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = Non
     shape = (*x.shape[:-1], weight.shape[0])
     return fn(x.reshape(rows, x.shape[-1]), weight,
               None if add is None else add.reshape(rows, weight.shape[0])).view(shape)
+
+
+@dataclass
+class Prologue:
+    """How a linear layer's input is made from the previous op's outputs, so the one-row GEMV can build it itself
+    (one launch fewer): kind "act" (act(x, other) of a gated MLP), "rms" (RMSNorm(x) * weight), "gated_rms"
+    (per group of `group` channels RMSNorm(x) * weight * sigmoid(other), KDA's output norm) or "gate"
+    (x * sigmoid(other), MLA's output gate). `apply` computes the same input with the ordinary ops: every path the
+    fused GEMV does not serve."""
+
+    kind: str
+    x: torch.Tensor
+    apply: Callable[[], torch.Tensor]
+    other: torch.Tensor | None = None
+    weight: torch.Tensor | None = None
+    eps: float = 0.0
+    group: int = 0
+    act: object = None  # kestrel.ops.moe.Activation for "act"
+
+
+# off: every prologue runs as its own op (the decode ladder's "before" stage)
+FUSE_PROLOGUES = True
+
+
+def linear_with(pro: Prologue, weight: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+    """linear(pro.apply(), weight, add) for 2-D inputs, with the prologue inside the GEMV where it serves the call."""
+    x = pro.x
+    if (FUSE_PROLOGUES and x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_M and x.dtype == weight.dtype != torch.float64
+            and weight.is_contiguous() and x.stride(-1) == 1 and (add is None or add.dtype == x.dtype)
+            and (pro.other is None or pro.other.stride(-1) == 1)):
+        fits = kernel(__name__ + ".triton", "fits_prologue", x)
+        if fits is not None and fits(*weight.shape):
+            return kernel(__name__ + ".triton", "linear", x)(x, weight, add, pro)
+    return linear(pro.apply(), weight, add)

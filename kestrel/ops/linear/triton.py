@@ -5,6 +5,12 @@ A program whose weight tile fits PREFETCH_MAX loads it whole, larger ones stream
 programmatic dependent launch (ops.pdl) the whole tile is loaded before the program waits for the previous kernel,
 so the weight stream overlaps that kernel: `weight` must not be written by kernels still in flight on the stream
 (model parameters never are).
+
+A whole-tile program can also build its input from the previous op's outputs (a prologue, one launch fewer):
+act(a, b) of a gated MLP, RMSNorm(x) * w, the per-head gated RMSNorm of KDA's output, or MLA's output gate
+x * sigmoid(g). Every program recomputes
+the (cheap, L2-resident) transform of the whole row; roundings follow the unfused kernels, so an elementwise
+prologue is bit-equal to running them first.
 """
 
 import torch
@@ -13,22 +19,60 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kestrel.ops import pdl
+from kestrel.ops.triton_utils import act as _act
+
+# prologue kinds (the PRO constexpr)
+NONE, ACT, RMS, GATED_RMS, GATE = 0, 1, 2, 3, 4
 
 
 @triton.jit
-def _dot_rows(acc, w, x_ptr, cols, M, K: tl.constexpr, BM: tl.constexpr):
-    """acc[m, :] += w @ x[m, cols] for the M rows of x (w: [BN, cols] fp32)."""
+def _input_row(x_ptr, x2_ptr, nw_ptr, m, sx, sx2, cols, M, K: tl.constexpr, KP: tl.constexpr, eps, beta, lbeta,
+               PRO: tl.constexpr, SITU: tl.constexpr, GROUP: tl.constexpr):
+    """Row m of the GEMV input over `cols` (fp32), with the prologue applied (cols must cover the whole row unless
+    PRO == NONE)."""
+    on = (cols < K) & (m < M)
+    x = tl.load(x_ptr + m * sx + cols, mask=on, other=0.0)
+    dt = x.dtype
+    xf = x.to(tl.float32)
+    if PRO == 1:  # act(a, b) rounded as the unfused ops round it
+        b = tl.load(x2_ptr + m * sx2 + cols, mask=on, other=0.0).to(tl.float32)
+        if SITU:  # the activation kernel: fp32 throughout, one rounding
+            xf = _act(xf, b, beta, lbeta, SITU).to(dt).to(tl.float32)
+        else:  # torch's silu(a) * b: silu rounded, then the product
+            xf = ((xf * tl.sigmoid(xf)).to(dt).to(tl.float32) * b).to(dt).to(tl.float32)
+    elif PRO == 2:  # RMSNorm: normalised row rounded to x's dtype, then the weight, rounded again
+        r = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / K + eps)
+        w = tl.load(nw_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+        xf = ((xf * r).to(dt).to(tl.float32) * w).to(dt).to(tl.float32)
+    elif PRO == 3:  # per group (head) of GROUP channels: RMSNorm * w * sigmoid(gate), fp32, rounded once
+        g = tl.load(x2_ptr + m * sx2 + cols, mask=on, other=0.0).to(tl.float32)
+        sq = tl.reshape(xf * xf, [KP // GROUP, GROUP])
+        r = 1.0 / tl.sqrt(tl.sum(sq, 1) / GROUP + eps)
+        xr = tl.reshape(tl.reshape(xf, [KP // GROUP, GROUP]) * r[:, None], [KP])
+        w = tl.load(nw_ptr + cols % GROUP).to(tl.float32)
+        xf = (xr * w * tl.sigmoid(g)).to(dt).to(tl.float32)
+    elif PRO == 4:  # x * sigmoid(gate), each op rounded to the activation dtype as torch's two ops round
+        g = tl.load(x2_ptr + m * sx2 + cols, mask=on, other=0.0).to(tl.float32)
+        xf = (xf * tl.sigmoid(g).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    return xf
+
+
+@triton.jit
+def _dot_rows(acc, w, x_ptr, x2_ptr, nw_ptr, sx, sx2, cols, M, K: tl.constexpr, KP: tl.constexpr, eps, beta, lbeta,
+              BM: tl.constexpr, PRO: tl.constexpr, SITU: tl.constexpr, GROUP: tl.constexpr):
+    """acc[m, :] += w @ input[m, cols] for the M input rows (w: [BN, cols] fp32)."""
     rm = tl.arange(0, BM)
     for m in tl.static_range(BM):
-        xm = tl.load(x_ptr + m * K + cols, mask=(cols < K) & (m < M), other=0.0).to(tl.float32)
+        xm = _input_row(x_ptr, x2_ptr, nw_ptr, m, sx, sx2, cols, M, K, KP, eps, beta, lbeta, PRO, SITU, GROUP)
         part = tl.sum(w * xm[None, :], 1)
         acc += tl.where(rm[:, None] == m, part[None, :], 0.0)
     return acc
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, y_ptr, add_ptr, M, N, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                 BK: tl.constexpr, HAS_ADD: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
+def _gemv_kernel(x_ptr, w_ptr, y_ptr, add_ptr, x2_ptr, nw_ptr, M, N, sx, sx2, eps, beta, lbeta, K: tl.constexpr,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, HAS_ADD: tl.constexpr, PDL: tl.constexpr,
+                 PREFETCH: tl.constexpr, PRO: tl.constexpr, SITU: tl.constexpr, GROUP: tl.constexpr):
     nb = tl.program_id(0)
     rows = nb * BN + tl.arange(0, BN)
     rm = tl.arange(0, BM)
@@ -41,7 +85,8 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, add_ptr, M, N, K: tl.constexpr, BM: tl.con
                     mask=(rows[:, None] < N) & (cols[None, :] < K), other=0.0)
         if PDL:
             gdc_wait()
-        acc = _dot_rows(acc, w.to(tl.float32), x_ptr, cols, M, K, BM)
+        acc = _dot_rows(acc, w.to(tl.float32), x_ptr, x2_ptr, nw_ptr, sx, sx2, cols, M, K, PREFETCH, eps, beta,
+                        lbeta, BM, PRO, SITU, GROUP)
     else:
         if PDL:
             gdc_wait()
@@ -49,7 +94,8 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, add_ptr, M, N, K: tl.constexpr, BM: tl.con
             cols = k0 + tl.arange(0, BK)
             w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
                         mask=(rows[:, None] < N) & (cols[None, :] < K), other=0.0).to(tl.float32)
-            acc = _dot_rows(acc, w, x_ptr, cols, M, K, BM)
+            acc = _dot_rows(acc, w, x_ptr, x2_ptr, nw_ptr, sx, sx2, cols, M, K, BK, eps, beta, lbeta, BM, 0, SITU,
+                            GROUP)
     out_mask = (rm[:, None] < M) & (rows[None, :] < N)
     y = acc.to(y_ptr.dtype.element_ty)
     if HAS_ADD:  # y + add as torch would compute it after the GEMV: rounded product, then the rounded sum
@@ -64,25 +110,48 @@ TILE = None
 PREFETCH_MAX = 16384
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+def _tile(N: int, K: int) -> tuple[int, int, int]:
+    """(rows per program, K step, whole-tile width or 0)."""
+    BN, BK = TILE or (8 if N > 4096 else 4, 512)
+    KP = triton.next_power_of_2(K)
+    return BN, min(BK, KP), KP if TILE is None and BN * KP <= PREFETCH_MAX else 0
+
+
+def fits_prologue(N: int, K: int) -> bool:
+    """Whether a GEMV of this shape loads its tile whole (the only form that takes a prologue)."""
+    return _tile(N, K)[2] > 0
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = None, pro=None) -> torch.Tensor:
     """x [M <= 8, K] @ weight[N, K]^T (+ add [M, N], same dtype as the result) -> [M, N] in the wider dtype of
-    the two (fp32 accumulation)."""
+    the two (fp32 accumulation). pro: a kestrel.ops.linear.Prologue whose transform of x (rows may be strided) is
+    the GEMV's input; the shape must fit_prologue."""
     M, K = x.shape
     N = weight.shape[0]
     assert M <= 8 and weight.is_contiguous()
-    x = x.contiguous()
+    if x.stride(-1) != 1:
+        x = x.contiguous()
     y = torch.empty(M, N, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
-    BN, BK = TILE or (8 if N > 4096 else 4, 512)
-    BK = min(BK, triton.next_power_of_2(K))
+    BN, BK, prefetch = _tile(N, K)
     use_pdl = pdl(x)
-    KP = triton.next_power_of_2(K)
-    prefetch = KP if TILE is None and BN * KP <= PREFETCH_MAX else 0
+    kind, x2, nw, eps, beta, lbeta, situ, group = NONE, x, x, 0.0, 1.0, 1.0, False, 1
+    if pro is not None:
+        assert prefetch, "a prologue needs the whole-tile GEMV"
+        kind = {"act": ACT, "rms": RMS, "gated_rms": GATED_RMS, "gate": GATE}[pro.kind]
+        x2 = pro.other if pro.other is not None else x
+        nw = pro.weight if pro.weight is not None else weight  # (unused)
+        assert x2.stride(-1) == 1 and nw.is_contiguous()
+        assert pro.kind != "gated_rms" or (K % pro.group == 0 and pro.group & (pro.group - 1) == 0)
+        eps, group = float(pro.eps), int(pro.group or 1)
+        if pro.act is not None:
+            beta, lbeta, situ = float(pro.act.beta), float(pro.act.linear_beta), pro.act.kind == "situ"
     if M:
         if add is not None:
             assert add.shape == y.shape and add.dtype == y.dtype
             add = add.contiguous()
-        _gemv_kernel[(triton.cdiv(N, BN),)](x, weight, y, add if add is not None else y, M, N, K=K,
-                                           BM=triton.next_power_of_2(M), BN=BN, BK=BK, HAS_ADD=add is not None,
-                                           PDL=use_pdl, PREFETCH=prefetch, num_stages=1, launch_pdl=use_pdl,
-                                           num_warps=8 if prefetch and BN * KP >= 16384 else 4)
+        _gemv_kernel[(triton.cdiv(N, BN),)](x, weight, y, add if add is not None else y, x2, nw, M, N, x.stride(0),
+                                           x2.stride(0), eps, beta, lbeta, K=K, BM=triton.next_power_of_2(M), BN=BN,
+                                           BK=BK, HAS_ADD=add is not None, PDL=use_pdl, PREFETCH=prefetch, PRO=kind,
+                                           SITU=situ, GROUP=group, num_stages=1, launch_pdl=use_pdl,
+                                           num_warps=8 if prefetch and BN * prefetch >= 16384 else 4)
     return y

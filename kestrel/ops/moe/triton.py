@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from kestrel.ops import pdl_args
-from kestrel.ops.triton_utils import pdl_prologue
+from kestrel.ops.triton_utils import act as _act, pdl_prologue
 
 GEMV_MAX_PAIRS = 64
 # GEMV tiles: rows of the gate/up projection per program (fewer / at least 8 pairs), rows of the down projection
@@ -89,15 +89,6 @@ def _load_w(w_ptr, s_ptr, e, rows, cols, n_rows, n_cols, QUANT: tl.constexpr):
         sc = tl.load(s_ptr + (e * n_rows + rows[:, None]) * (n_cols // 32) + cols[None, :] // 32, mask=mask, other=127)
         return _e2m1(nib) * tl.exp2(sc.to(tl.float32) - 127.0)
     return tl.load(w_ptr + (e * n_rows + rows[:, None]) * n_cols + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _act(a, b, beta, linear_beta, SITU: tl.constexpr):
-    if SITU:
-        # beta tanh(a / beta) = beta (2 sigmoid(2 a / beta) - 1)
-        return beta * (2.0 * tl.sigmoid(2.0 * a / beta) - 1.0) * tl.sigmoid(a) * (
-            linear_beta * (2.0 * tl.sigmoid(2.0 * b / linear_beta) - 1.0))
-    return a * tl.sigmoid(a) * b
 
 
 @triton.jit
