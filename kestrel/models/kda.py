@@ -5,7 +5,7 @@ from torch import nn
 
 from kestrel.models.config import K3Config
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode
-from kestrel.models.layers.linear import FusedLinears, Linear
+from kestrel.models.layers.linear import FusedLinears, Linear, StackedLinears
 from kestrel.models.layers.norm import RMSNorm
 from kestrel.ops import kda as kda_ops
 from kestrel.ops.linear import Prologue
@@ -66,6 +66,8 @@ class KDAMixer(nn.Module):
         a per-call cat (inference only: the weights become views of shared buffers, no memory is duplicated)."""
         gate = self.g_proj if hasattr(self, "g_proj") else self.g_a_proj
         self._fused = FusedLinears(self.q_proj, self.k_proj, self.v_proj, gate, self.f_a_proj, self.b_proj)
+        if not hasattr(self, "g_proj"):  # the two bottleneck up-projections read adjacent columns: one launch
+            self._fused_up = StackedLinears(self.g_b_proj, self.f_b_proj)
         buf = torch.cat([c.weight.data for c in self._convs()])
         for c, part in zip(self._convs(), buf.split(self.num_heads * self.head_dim)):
             c.weight.data = part
@@ -78,6 +80,10 @@ class KDAMixer(nn.Module):
         if fused is not None and fused.valid():
             q, k, v, gate, fa, b = fused(x)
             mixed = torch.cat([q, k, v], dim=-1) if x.requires_grad else fused_slice(q, v)
+            up = getattr(self, "_fused_up", None)
+            if up is not None and up.valid() and not x.requires_grad:
+                gate, raw_gate = up(fused_slice(gate, fa))
+                return mixed, raw_gate.view(T, H, K), b, gate
         else:
             mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
             fa, b, gate = self.f_a_proj(x), self.b_proj(x), None

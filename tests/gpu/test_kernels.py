@@ -257,6 +257,24 @@ def test_moe_experts(dtype, quant, kind):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("M", [1, 3])
+def test_linear_stacked(dtype, M):
+    """Two layers over adjacent column groups of one row-strided input, stacked in one weight: one GEMV launch
+    bit-equal to each layer's own GEMV."""
+    from kestrel.ops.linear import linear_stacked, triton as K
+    N, Kd = (40, 24) if SMALL else (2048, 128)
+    buf = rnd(M, 5 * Kd, dtype=dtype)
+    x = buf[:, Kd : 3 * Kd]  # two groups of Kd columns, row stride 5 Kd
+    w = rnd(2 * N, Kd, dtype=dtype, scale=Kd**-0.5)
+    y = K.linear(x, w, groups=2)
+    assert torch.equal(y[:, :N], K.linear(x[:, :Kd].contiguous(), w[:N]))
+    assert torch.equal(y[:, N:], K.linear(x[:, Kd:].contiguous(), w[N:]))
+    a, b = linear_stacked(x, w, 2)  # the dispatcher: fused at one row, separate layers otherwise
+    assert rel(a, x[:, :Kd].float() @ w[:N].float().T) < TOL[dtype]
+    assert rel(b, x[:, Kd:].float() @ w[N:].float().T) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 3])
 @pytest.mark.parametrize("kind", ["situ", "silu", "rms", "gated_rms", "gate"])
 def test_linear_prologue(dtype, M, kind):
     """The GEMV building its input (activation, RMSNorm, KDA's per-head gated norm, MLA's output gate) from

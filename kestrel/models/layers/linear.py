@@ -90,3 +90,16 @@ class FusedLinears:
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         return list(linear_ops.linear(x, self.weight).split(self.sizes, dim=-1))
+
+
+class StackedLinears(FusedLinears):
+    """Linear layers of one shape over different inputs that sit side by side in one tensor (adjacent column
+    groups of a fused GEMM's output), served by one launch: their weights are stacked as in FusedLinears, and
+    layer j reads column group j of the input (see linear_ops.linear_stacked)."""
+
+    def __init__(self, *linears: Linear):
+        assert all(l.out_features == linears[0].out_features for l in linears)
+        super().__init__(*linears)
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return linear_ops.linear_stacked(x, self.weight, len(self.linears))

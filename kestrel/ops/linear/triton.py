@@ -70,11 +70,14 @@ def _dot_rows(acc, w, x_ptr, x2_ptr, nw_ptr, sx, sx2, cols, M, K: tl.constexpr, 
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, y_ptr, add_ptr, x2_ptr, nw_ptr, M, N, sx, sx2, eps, beta, lbeta, K: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, HAS_ADD: tl.constexpr, PDL: tl.constexpr,
-                 PREFETCH: tl.constexpr, PRO: tl.constexpr, SITU: tl.constexpr, GROUP: tl.constexpr):
+def _gemv_kernel(x_ptr, w_ptr, y_ptr, add_ptr, x2_ptr, nw_ptr, M, N, GN, sx, sx2, eps, beta, lbeta,
+                 K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, HAS_ADD: tl.constexpr,
+                 PDL: tl.constexpr, PREFETCH: tl.constexpr, PRO: tl.constexpr, SITU: tl.constexpr,
+                 GROUP: tl.constexpr, STACKED: tl.constexpr):
     nb = tl.program_id(0)
     rows = nb * BN + tl.arange(0, BN)
+    if STACKED:  # weights stacked in groups of GN rows, group j reading input columns [j K, (j + 1) K)
+        x_ptr += (nb * BN // GN) * K
     rm = tl.arange(0, BM)
     acc = tl.zeros([BM, BN], tl.float32)
     if PDL:
@@ -122,17 +125,21 @@ def fits_prologue(N: int, K: int) -> bool:
     return _tile(N, K)[2] > 0
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = None, pro=None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = None, pro=None,
+           groups: int = 1) -> torch.Tensor:
     """x [M <= 8, K] @ weight[N, K]^T (+ add [M, N], same dtype as the result) -> [M, N] in the wider dtype of
     the two (fp32 accumulation). pro: a kestrel.ops.linear.Prologue whose transform of x (rows may be strided) is
-    the GEMV's input; the shape must fit_prologue."""
+    the GEMV's input; the shape must fit_prologue. groups > 1: `groups` stacked layers over as many column groups
+    of x (x [M, groups * K'], weight [groups * N', K']; see kestrel.ops.linear.linear_stacked)."""
     M, K = x.shape
     N = weight.shape[0]
-    assert M <= 8 and weight.is_contiguous()
+    assert M <= 8 and weight.is_contiguous() and K == groups * weight.shape[1] and N % groups == 0
+    K = weight.shape[1]
     if x.stride(-1) != 1:
         x = x.contiguous()
     y = torch.empty(M, N, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
     BN, BK, prefetch = _tile(N, K)
+    assert groups == 1 or ((N // groups) % BN == 0 and pro is None)
     use_pdl = pdl(x)
     kind, x2, nw, eps, beta, lbeta, situ, group = NONE, x, x, 0.0, 1.0, 1.0, False, 1
     if pro is not None:
@@ -149,9 +156,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = Non
         if add is not None:
             assert add.shape == y.shape and add.dtype == y.dtype
             add = add.contiguous()
-        _gemv_kernel[(triton.cdiv(N, BN),)](x, weight, y, add if add is not None else y, x2, nw, M, N, x.stride(0),
-                                           x2.stride(0), eps, beta, lbeta, K=K, BM=triton.next_power_of_2(M), BN=BN,
-                                           BK=BK, HAS_ADD=add is not None, PDL=use_pdl, PREFETCH=prefetch, PRO=kind,
-                                           SITU=situ, GROUP=group, num_stages=1, launch_pdl=use_pdl,
+        _gemv_kernel[(triton.cdiv(N, BN),)](x, weight, y, add if add is not None else y, x2, nw, M, N, N // groups,
+                                           x.stride(0), x2.stride(0), eps, beta, lbeta, K=K,
+                                           BM=triton.next_power_of_2(M), BN=BN, BK=BK, HAS_ADD=add is not None,
+                                           PDL=use_pdl, PREFETCH=prefetch, PRO=kind, SITU=situ, GROUP=group,
+                                           STACKED=groups > 1, num_stages=1, launch_pdl=use_pdl,
                                            num_warps=8 if prefetch and BN * prefetch >= 16384 else 4)
     return y
