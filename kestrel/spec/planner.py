@@ -19,6 +19,7 @@ import bisect
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 
@@ -32,6 +33,7 @@ class StepProfile:
     def __init__(self, table: dict[int, list[tuple[int, float, float]]]):
         self.table = {b: {L: (one, full) for L, one, full in rows} for b, rows in table.items()}
         self.buckets = sorted(self.table)
+        self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def cost(self, batch: int, tokens: int, longest: int) -> float:
         b = self.buckets[min(bisect.bisect_left(self.buckets, batch), len(self.buckets) - 1)]
@@ -46,19 +48,24 @@ class StepProfile:
         w = min(max((t - lo) / (hi - lo), 0.0), 1.0)
         return one + w * (full - one)
 
-    def cost_many(self, batch: int, tokens: torch.Tensor, longest: torch.Tensor) -> torch.Tensor:
-        """`cost` for many (tokens, longest) pairs at one batch size (fp64 tensors in, fp64 out)."""
+    def cost_many(self, batch: int, tokens: np.ndarray, longest: np.ndarray) -> np.ndarray:
+        """`cost` for many (tokens, longest) pairs at one batch size (numpy: the planner runs on the host every
+        step, where a torch CPU op costs ~10 us of dispatch against ~1 us for numpy's)."""
         b = self.buckets[min(bisect.bisect_left(self.buckets, batch), len(self.buckets) - 1)]
-        rows = self.table[b]
-        top = max(rows)
-        one = torch.tensor([rows[min(L, top)][0] for L in range(top + 1) if L > 0], dtype=torch.float64)
-        full = torch.tensor([rows[min(L, top)][1] for L in range(top + 1) if L > 0], dtype=torch.float64)
-        L = longest.clamp(1, top)
+        one, full = self._arrays(b)
+        L = np.clip(longest, 1, len(one))
         lo_one, hi_full = one[L - 1], full[L - 1]
-        t = tokens * b / max(batch, 1)
-        lo, hi = (b - 1 + L).double(), (b * L).double()
-        w = ((t - lo) / (hi - lo).clamp_min(1e-12)).clamp(0.0, 1.0)
-        return torch.where(L == 1, hi_full, lo_one + w * (hi_full - lo_one))
+        t = np.asarray(tokens, dtype=np.float64) * b / max(batch, 1)
+        lo, hi = (b - 1 + L).astype(np.float64), (b * L).astype(np.float64)
+        w = np.clip((t - lo) / np.maximum(hi - lo, 1e-12), 0.0, 1.0)
+        return np.where(L == 1, hi_full, lo_one + w * (hi_full - lo_one))
+
+    def _arrays(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """(t_one, t_all) of bucket b by block length 1 .. top, cached."""
+        if b not in self._cache:
+            rows = self.table[b]
+            self._cache[b] = tuple(np.array([rows[L][i] for L in range(1, max(rows) + 1)]) for i in (0, 1))
+        return self._cache[b]
 
     @classmethod
     def measure(cls, step: Callable[[list[int]], None], batches: list[int], gamma: int,
@@ -103,24 +110,23 @@ class VerifyPlanner:
         B = len(max_drafts)
         if B < self.min_batch:
             return list(max_drafts)
-        gamma = confidence.shape[1]
-        survival = torch.cumprod(confidence.detach().double().cpu(), dim=1)  # [B, gamma]
-        pos = torch.arange(gamma).expand(B, gamma)
-        allowed = pos < torch.tensor(max_drafts).view(B, 1)
-        vals, rows, cols = survival[allowed], torch.arange(B).view(B, 1).expand(B, gamma)[allowed], pos[allowed]
-        if vals.numel() == 0:
+        survival = np.cumprod(confidence.detach().to(torch.float64).cpu().numpy(), axis=1)  # [B, gamma]
+        allowed = np.arange(survival.shape[1])[None, :] < np.asarray(max_drafts)[:, None]
+        rows, cols = np.nonzero(allowed)  # row-major: (request, position) order
+        vals = survival[rows, cols]
+        if vals.size == 0:
             return list(max_drafts)
         # best first; ties in (request, position) order, which the row-major flattening already has
-        order = torch.sort(-vals, stable=True).indices
+        order = np.argsort(-vals, kind="stable")
         # every request verifies its last token and yields one token whatever happens: the prefix of k candidates
-        expected = B + torch.cat([torch.zeros(1, dtype=torch.float64), vals[order].cumsum(0)])
-        tokens = B + torch.arange(order.numel() + 1, dtype=torch.float64)
-        longest = torch.cat([torch.ones(1, dtype=torch.long), torch.cummax(cols[order] + 2, 0).values])
+        expected = B + np.concatenate([[0.0], np.cumsum(vals[order])])
+        tokens = B + np.arange(order.size + 1, dtype=np.float64)
+        longest = np.concatenate([[1], np.maximum.accumulate(cols[order] + 2)])
         rate = expected / (self.fixed + self.profile.cost_many(B, tokens, longest))
-        k = int(torch.argmax(rate))  # the first best, like a strict improvement scan
-        if float(rate[k]) <= self.margin * float(rate[-1]):
+        k = int(np.argmax(rate))  # the first best, like a strict improvement scan
+        if rate[k] <= self.margin * rate[-1]:
             return list(max_drafts)
-        return torch.bincount(rows[order[:k]], minlength=B).tolist()
+        return np.bincount(rows[order[:k]], minlength=B).tolist()
 
 
 class PlanGuard:

@@ -272,7 +272,10 @@ class SpecWorker:
 
     def _plan(self, confidence: torch.Tensor, max_drafts: list[int]) -> list[int]:
         self._profiled(len(max_drafts))
-        planner = VerifyPlanner(StepProfile(self.profile), PLANNER_MIN_BATCH,
+        key = (id(self.profile), tuple(self.profile))
+        if getattr(self, "_step_profile", (None,))[0] != key:  # built once per measured profile (host time a step)
+            self._step_profile = (key, StepProfile(self.profile))
+        planner = VerifyPlanner(self._step_profile[1], PLANNER_MIN_BATCH,
                                 fixed=self.overhead.get(self._bucket(len(max_drafts)), 0.0))
         return planner.plan(confidence, max_drafts)
 
