@@ -14,6 +14,7 @@ import dataclasses
 import gc
 import json
 import os
+import statistics
 import sys
 
 import torch
@@ -27,7 +28,7 @@ from kestrel.models.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from kestrel.models.k3 import K3ForCausalLM  # noqa: E402
 from kestrel.models.presets import kimi_linear_subset, preset_config  # noqa: E402
 import kestrel.ops as ops  # noqa: E402
-from kestrel.ops import linear as linear_ops, reference_ops  # noqa: E402
+from kestrel.ops import linear as linear_ops, moe as moe_ops, reference_ops  # noqa: E402
 
 DT = torch.bfloat16
 
@@ -140,21 +141,32 @@ def ladder(cfg, model, args, log, floor_s):
     plain = from_snapshot(lambda: runner.run(fb))
     del runner
     ops.PDL = pdl
+    moe_ops.EARLY_IDS = False
+    variants = {}  # the last stages' graphs, kept for an interleaved comparison
     if pdl:
         runner = captured()
         stage("CUDA graph, + programmatic dependent launch", lambda: runner.run(fb), 50)
         # the same kernels launched early: any missing wait would show as a race, so demand bit-equality
         graphed = from_snapshot(lambda: runner.run(fb))
         log(f"PDL graph bit-equal to plain launches: {torch.equal(graphed, plain)}")
-        graph_timeline(lambda: runner.run(fb), log, label="PDL graph, prologues unfused")
-        del runner
+        variants["PDL"] = runner
     linear_ops.FUSE_PROLOGUES = True
     runner = captured()
     stage("CUDA graph, + prologues fused into the GEMV", lambda: runner.run(fb), 50)
     fused = from_snapshot(lambda: runner.run(fb))
-    log(f"fused prologues vs unfused logits rel err {((fused - plain).norm() / plain.norm()).item():.2e}")
-    graph_timeline(lambda: runner.run(fb), log, label="final graph")
-    del runner
+    log(f"fused prologues bit-equal to unfused: {torch.equal(fused, plain)}")
+    variants["+ prologues"] = runner
+    moe_ops.EARLY_IDS = True
+    runner = captured()
+    stage("CUDA graph, + expert weights streamed before the wait", lambda: runner.run(fb), 50)
+    early = from_snapshot(lambda: runner.run(fb))
+    # the down projection sums the k experts as a tree on this path: rounding-level differences only
+    log(f"early expert streams vs in-order logits rel err {((early - fused).norm() / fused.norm()).item():.2e}")
+    variants["+ early expert streams"] = runner
+    interleaved(variants, fb, log)
+    for name in (next(iter(variants)), "+ early expert streams"):
+        graph_timeline(lambda: variants[name].run(fb), log, label=name)
+    del runner, variants
     ops.PDL = False  # a PDL kernel's time would include its wait for the one before
     kernel_breakdown(lambda: model(fb), log)
     ops.PDL = default_pdl
@@ -205,6 +217,20 @@ def kernel_breakdown(step, log, steps: int = 3, top: int = 24, label: str = "dec
     log(f"kernel time per step ({label}, eager, fused): {total:.0f} us in {launches:.0f} launches")
     for name, (n, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:top]:
         log(f"  {t / steps:8.1f} us  {n / steps:6.1f}x  {name[:90]}")
+
+
+def interleaved(variants: dict, fb, log, rounds: int = 8, iters: int = 20):
+    """The graphs timed turn about (`rounds` rounds of `iters` steps each), so the machine's drift between
+    minutes falls on every side alike; medians, and each against the first."""
+    times = {k: [] for k in variants}
+    for _ in range(rounds):
+        for k, runner in variants.items():
+            times[k].append(cuda_time(lambda: runner.run(fb), warmup=2, iters=iters))
+    base = statistics.median(times[next(iter(variants))])
+    for k, ts in times.items():
+        m = statistics.median(ts)
+        log(f"interleaved {k:<28} {m * 1e3:8.3f} ms/step (min {min(ts) * 1e3:.3f}, max {max(ts) * 1e3:.3f}) "
+            f"{base / m:6.3f}x the first")
 
 
 def graph_timeline(run, log, steps: int = 5, top: int = 20, label: str = "graph"):

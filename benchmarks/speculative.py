@@ -92,6 +92,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--batches", default="1,4,16,64")
     ap.add_argument("--sections", default="1,2,3,4", help="which of the four parts to run")
+    ap.add_argument("--rounds", type=int, default=1, help="section 3: rounds of every side, turn about (medians)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--disable-pdl", action="store_true", help="the engine's --disable-pdl (GPU)")
@@ -164,8 +165,8 @@ def main() -> None:
         sides = ("none", "verify-all", "planned")
         for b in batches:
             prompts = [pool[i % len(pool)] for i in range(max(b, 4))]
-            res = {}
-            for key in sides:
+            runs = {key: [] for key in sides}
+            for rnd, key in ((r, k) for r in range(args.rounds) for k in sides):  # the sides turn about
                 core = plain if key == "none" else spec
                 core.scheduler.max_running = b
                 if core is spec:
@@ -174,8 +175,8 @@ def main() -> None:
                 if core is spec:
                     spec.runner.spec.step_stats.clear()
                 reqs, elapsed = generate(core, prompts, args.new_tokens // 2)
-                res[key] = len(prompts) * (args.new_tokens // 2) / elapsed
-                if core is spec:  # where the speculative steps went: per (bucket, pruned) mode
+                runs[key].append(len(prompts) * (args.new_tokens // 2) / elapsed)
+                if core is spec and rnd == args.rounds - 1:  # where the last round's speculative steps went
                     for (bk, pruned), (n, reqs_, toks, wall, ver) in sorted(spec.runner.spec.step_stats.items()):
                         print(f"      {key} bucket {bk} {'pruned' if pruned else 'whole '}: {n} steps, "
                               f"{reqs_ / n:.1f} requests and {toks / n:.1f} tokens a step, step {wall / n * 1e3:.2f} ms "
@@ -185,9 +186,13 @@ def main() -> None:
                         print(f"      guard rates (tok/s, planned / whole): "
                               + ", ".join(f"{bk}: {r.get(True, 0):.0f} / {r.get(False, 0):.0f}"
                                           for bk, r in sorted(g.rate.items())), flush=True)
+            res = {k: statistics.median(v) for k, v in runs.items()}
             rows.append((b, res))
             report.setdefault("throughput", {})[b] = res
-            print(f"   batch {b:4d}: " + "  ".join(f"{k} {res[k]:8.1f}" for k in sides), flush=True)
+            report.setdefault("throughput_rounds", {})[b] = runs
+            print(f"   batch {b:4d}: " + "  ".join(f"{k} {res[k]:8.1f}" for k in sides)
+                  + ("  (medians of rounds: " + "; ".join(f"{k} " + "/".join(f"{v:.0f}" for v in runs[k])
+                                                        for k in sides) + ")" if args.rounds > 1 else ""), flush=True)
         plain.shutdown()
         spec.shutdown()
 

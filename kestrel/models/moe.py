@@ -85,9 +85,12 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor, training: bool = False) -> torch.Tensor:
         weights, ids = self.gate(x)  # routing reads x, not the latent
-        fused, shared_in = getattr(self, "_fused", None), None
+        fused, shared_in, ids_ready = getattr(self, "_fused", None), None, False
         if fused is not None and fused.valid():
-            h, *shared_in = fused(x)
+            # launched so that the routing has finished before the expert kernels can start: they then read the
+            # expert ids and stream the chosen experts' weights while this GEMM runs
+            h, *shared_in = fused(x, late_trigger=True)
+            ids_ready = True
         else:
             h = self.routed_expert_down_proj(x) if hasattr(self, "routed_expert_down_proj") else x
         if training:
@@ -96,7 +99,7 @@ class MoE(nn.Module):
             y = moe_ops.experts_dense(h, e.dense("w1", h.dtype), e.dense("w2", h.dtype), e.dense("w3", h.dtype),
                                       weights, ids, self.act)
         else:
-            y = moe_ops.experts(h, self.experts, weights, ids, self.act)
+            y = moe_ops.experts(h, self.experts, weights, ids, self.act, ids_ready)
         if hasattr(self, "routed_expert_up_proj"):
             norm = getattr(self, "routed_expert_norm", None)
             if norm is not None:  # the latent norm inside a one-row GEMV

@@ -19,6 +19,9 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = not torch.cuda.is_available()
 # the interpreter truncates when casting to bf16 instead of rounding: looser there
 TOL = {torch.float32: 1e-4, torch.bfloat16: 4e-2 if SMALL else 1.5e-2}
+# fp32 recurrent states fed by bf16 inputs: a quarter of the activations' tolerance (half under the interpreter,
+# whose truncating bf16 casts drift the folded states to ~1.0-1.4e-2 over a few steps)
+STATE_TOL = {torch.float32: TOL[torch.float32] / 4, torch.bfloat16: TOL[torch.bfloat16] / (2 if INTERPRET else 4)}
 DOT_DTYPES = [torch.float32] if SMALL else [torch.float32, torch.bfloat16]
 
 
@@ -99,7 +102,7 @@ def test_kda_decode(dtype, lower_bound, logits):
     c1, s1, c2, s2 = conv.clone(), ssm.clone(), conv.clone(), ssm.clone()
     o1 = R.kda_decode(mixed, cw, c1, s1, slots, raw, A, dtb, lower_bound, beta, Kd**-0.5, logits)
     o2 = K.kda_decode(mixed, cw, c2, s2, slots, raw, A, dtb, lower_bound, beta, Kd**-0.5, logits)
-    assert rel(o2, o1) < TOL[dtype] and rel(s2, s1) < TOL[dtype] / 4 and rel(c2, c1) < TOL[dtype]
+    assert rel(o2, o1) < TOL[dtype] and rel(s2, s1) < STATE_TOL[dtype] and rel(c2, c1) < TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -138,7 +141,7 @@ def test_kda_verify_and_fold(dtype, lower_bound, logits):
     R.kda_fold(rec_ref, c_ref, s_ref, slots, commit, snaps)
     K.kda_fold(rec_k, c_k, s_k, slots, torch.tensor(commit, device=DEV), snaps)
     touched = torch.cat([slots, snap_slots[::2]])
-    assert rel(s_k[touched], s_ref[touched]) < TOL[dtype] / 4, ("state", rel(s_k[touched], s_ref[touched]))
+    assert rel(s_k[touched], s_ref[touched]) < STATE_TOL[dtype], ("state", rel(s_k[touched], s_ref[touched]))
     assert rel(c_k[touched], c_ref[touched]) < TOL[dtype], ("conv", rel(c_k[touched], c_ref[touched]))
     # bit-exact against the decode kernel, token by token
     c_d, s_d = conv.clone(), ssm.clone()
@@ -253,6 +256,9 @@ def test_moe_experts(dtype, quant, kind):
         wts, ids = R.route(rnd(T, E), None, k, True, 2.5)
         ref = R.moe_experts(x, ew.dense("w1", dtype), ew.dense("w2", dtype), ew.dense("w3", dtype), wts, ids, act)
         assert rel(K.moe_experts(x, ew, wts, ids, act), ref) < TOL[dtype], T
+        # ids_ready: the expert ids read and the weight tiles loaded before the wait (the decode path after a
+        # late-trigger front GEMM)
+        assert rel(K.moe_experts(x, ew, wts, ids, act, ids_ready=True), ref) < TOL[dtype], T
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -88,8 +88,8 @@ class FusedLinears:
     def valid(self) -> bool:
         return [l.weight.data_ptr() for l in self.linears] == self._ptrs
 
-    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        return list(linear_ops.linear(x, self.weight).split(self.sizes, dim=-1))
+    def __call__(self, x: torch.Tensor, late_trigger: bool = False) -> list[torch.Tensor]:
+        return list(linear_ops.linear(x, self.weight, late_trigger=late_trigger).split(self.sizes, dim=-1))
 
 
 class StackedLinears(FusedLinears):

@@ -16,10 +16,13 @@ from kestrel.ops.linear import reference
 GEMV_MAX_M = 1
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = None,
+           late_trigger: bool = False) -> torch.Tensor:
     """x [..., K] @ weight[N, K]^T (+ add, a residual of the output's shape) -> [..., N] in the wider of the two
     dtypes (an fp32 router weight reads bf16 activations without a converted copy on the GEMV path; the GEMV adds
-    `add` in its epilogue, rounding as the separate add would)."""
+    `add` in its epilogue, rounding as the separate add would). late_trigger: every kernel before this call has
+    finished when the next kernel starts (under programmatic dependent launch the GEMV lets its dependents launch
+    only after its own wait; every other path launches plainly, which orders the same)."""
     if x.device.type == "cpu" and x.dtype == weight.dtype:  # the reference without its casts and dispatch checks
         y = F.linear(x, weight)  # (~10 us a call on this path, ~100 calls a k3-small token)
         return y if add is None else y + add
@@ -32,8 +35,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = Non
     if fn is None:
         return reference.linear(x, weight, add)
     shape = (*x.shape[:-1], weight.shape[0])
-    return fn(x.reshape(rows, x.shape[-1]), weight,
-              None if add is None else add.reshape(rows, weight.shape[0])).view(shape)
+    return fn(x.reshape(rows, x.shape[-1]), weight, None if add is None else add.reshape(rows, weight.shape[0]),
+              late_trigger=late_trigger).view(shape)
 
 
 @dataclass

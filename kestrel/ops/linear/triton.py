@@ -73,14 +73,14 @@ def _dot_rows(acc, w, x_ptr, x2_ptr, nw_ptr, sx, sx2, cols, M, K: tl.constexpr, 
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, add_ptr, x2_ptr, nw_ptr, M, N, GN, sx, sx2, eps, beta, lbeta,
                  K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, HAS_ADD: tl.constexpr,
                  PDL: tl.constexpr, PREFETCH: tl.constexpr, PRO: tl.constexpr, SITU: tl.constexpr,
-                 GROUP: tl.constexpr, STACKED: tl.constexpr):
+                 GROUP: tl.constexpr, STACKED: tl.constexpr, LATE_TRIGGER: tl.constexpr):
     nb = tl.program_id(0)
     rows = nb * BN + tl.arange(0, BN)
     if STACKED:  # weights stacked in groups of GN rows, group j reading input columns [j K, (j + 1) K)
         x_ptr += (nb * BN // GN) * K
     rm = tl.arange(0, BM)
     acc = tl.zeros([BM, BN], tl.float32)
-    if PDL:
+    if PDL and not LATE_TRIGGER:
         gdc_launch_dependents()
     if PREFETCH:  # the whole [BN, K] tile in flight before the wait: only x depends on the previous kernel
         cols = tl.arange(0, PREFETCH)
@@ -88,11 +88,15 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, add_ptr, x2_ptr, nw_ptr, M, N, GN, sx, sx2
                     mask=(rows[:, None] < N) & (cols[None, :] < K), other=0.0)
         if PDL:
             gdc_wait()
+            if LATE_TRIGGER:
+                gdc_launch_dependents()
         acc = _dot_rows(acc, w.to(tl.float32), x_ptr, x2_ptr, nw_ptr, sx, sx2, cols, M, K, PREFETCH, eps, beta,
                         lbeta, BM, PRO, SITU, GROUP)
     else:
         if PDL:
             gdc_wait()
+            if LATE_TRIGGER:
+                gdc_launch_dependents()
         for k0 in tl.static_range(0, K, BK):
             cols = k0 + tl.arange(0, BK)
             w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
@@ -126,11 +130,13 @@ def fits_prologue(N: int, K: int) -> bool:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = None, pro=None,
-           groups: int = 1) -> torch.Tensor:
+           groups: int = 1, late_trigger: bool = False) -> torch.Tensor:
     """x [M <= 8, K] @ weight[N, K]^T (+ add [M, N], same dtype as the result) -> [M, N] in the wider dtype of
     the two (fp32 accumulation). pro: a kestrel.ops.linear.Prologue whose transform of x (rows may be strided) is
     the GEMV's input; the shape must fit_prologue. groups > 1: `groups` stacked layers over as many column groups
-    of x (x [M, groups * K'], weight [groups * N', K']; see kestrel.ops.linear.linear_stacked)."""
+    of x (x [M, groups * K'], weight [groups * N', K']; see kestrel.ops.linear.linear_stacked). late_trigger:
+    under PDL, let the next kernel launch only once this one has waited (so everything before this kernel has
+    finished by then)."""
     M, K = x.shape
     N = weight.shape[0]
     assert M <= 8 and weight.is_contiguous() and K == groups * weight.shape[1] and N % groups == 0
@@ -160,6 +166,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = Non
                                            x.stride(0), x2.stride(0), eps, beta, lbeta, K=K,
                                            BM=triton.next_power_of_2(M), BN=BN, BK=BK, HAS_ADD=add is not None,
                                            PDL=use_pdl, PREFETCH=prefetch, PRO=kind, SITU=situ, GROUP=group,
-                                           STACKED=groups > 1, num_stages=1, launch_pdl=use_pdl,
+                                           STACKED=groups > 1, LATE_TRIGGER=late_trigger, num_stages=1,
+                                           launch_pdl=use_pdl,
                                            num_warps=8 if prefetch and BN * prefetch >= 16384 else 4)
     return y

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from kestrel.ops import pdl_args
 from kestrel.ops.triton_utils import act as _act, pdl_prologue
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 GEMV_MAX_PAIRS = 64
 # GEMV tiles: rows of the gate/up projection per program (fewer / at least 8 pairs), rows of the down projection
@@ -20,6 +21,8 @@ GEMV_MAX_PAIRS = 64
 # chosen experts at 1.70 TB/s against 1.41 for (8, 4)
 GEMV_UP_ROWS = (4, 4)
 GEMV_DOWN_ROWS = 2
+# the largest weight tile (elements) a GEMV program loads whole before it waits for its input (ids_ready)
+PREFETCH_MAX = 16384
 
 
 @triton.jit
@@ -92,9 +95,15 @@ def _load_w(w_ptr, s_ptr, e, rows, cols, n_rows, n_cols, QUANT: tl.constexpr):
 
 
 @triton.jit
-def _gemv_up_kernel(x_ptr, ids_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, D: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, beta, linear_beta,
-                    BI: tl.constexpr, BK: tl.constexpr, QUANT: tl.constexpr, SITU: tl.constexpr, PDL: tl.constexpr):
-    pdl_prologue(PDL)
+def _gemv_up_kernel(x_ptr, ids_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, D: tl.constexpr, I: tl.constexpr,
+                    TOPK: tl.constexpr, beta, linear_beta, BI: tl.constexpr, BK: tl.constexpr, QUANT: tl.constexpr,
+                    SITU: tl.constexpr, IDS_READY: tl.constexpr, PDL: tl.constexpr):
+    """IDS_READY (the routing finished before this kernel could start; see moe_experts): the expert ids are read
+    and the whole weight tile loaded before waiting for x (BK >= D), so the stream overlaps the kernel before."""
+    if PDL:
+        gdc_launch_dependents()
+        if not IDS_READY:
+            gdc_wait()
     p = tl.program_id(0).to(tl.int64)  # (token, slot) pair
     ib = tl.program_id(1)
     e = tl.load(ids_ptr + p)
@@ -102,12 +111,22 @@ def _gemv_up_kernel(x_ptr, ids_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, D: tl
     rows = ib * BI + tl.arange(0, BI)
     a = tl.zeros([BI], tl.float32)
     b = tl.zeros([BI], tl.float32)
-    # unrolled: every weight tile's load is in flight at once (the kernel is pure weight bandwidth)
-    for k0 in tl.static_range(0, D, BK):
-        cols = k0 + tl.arange(0, BK)
+    if IDS_READY:
+        cols = tl.arange(0, BK)
+        w1 = _load_w(w1_ptr, s1_ptr, e, rows, cols, I, D, QUANT)
+        w3 = _load_w(w3_ptr, s3_ptr, e, rows, cols, I, D, QUANT)
+        if PDL:
+            gdc_wait()
         x = tl.load(x_ptr + t * D + cols, mask=cols < D, other=0.0).to(tl.float32)
-        a += tl.sum(_load_w(w1_ptr, s1_ptr, e, rows, cols, I, D, QUANT) * x[None, :], 1)
-        b += tl.sum(_load_w(w3_ptr, s3_ptr, e, rows, cols, I, D, QUANT) * x[None, :], 1)
+        a = tl.sum(w1 * x[None, :], 1)
+        b = tl.sum(w3 * x[None, :], 1)
+    else:
+        # unrolled: every weight tile's load is in flight at once (the kernel is pure weight bandwidth)
+        for k0 in tl.static_range(0, D, BK):
+            cols = k0 + tl.arange(0, BK)
+            x = tl.load(x_ptr + t * D + cols, mask=cols < D, other=0.0).to(tl.float32)
+            a += tl.sum(_load_w(w1_ptr, s1_ptr, e, rows, cols, I, D, QUANT) * x[None, :], 1)
+            b += tl.sum(_load_w(w3_ptr, s3_ptr, e, rows, cols, I, D, QUANT) * x[None, :], 1)
     dt = h_ptr.dtype.element_ty
     # the reference rounds each projection and the activation to the activation dtype
     y = _act(a.to(dt).to(tl.float32), b.to(dt).to(tl.float32), beta, linear_beta, SITU)
@@ -115,24 +134,43 @@ def _gemv_up_kernel(x_ptr, ids_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, D: tl
 
 
 @triton.jit
-def _gemv_down_kernel(h_ptr, ids_ptr, wts_ptr, w2_ptr, s2_ptr, out_ptr, D: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr,
-                      BN: tl.constexpr, BK: tl.constexpr, QUANT: tl.constexpr, PDL: tl.constexpr):
-    pdl_prologue(PDL)
+def _gemv_down_kernel(h_ptr, ids_ptr, wts_ptr, w2_ptr, s2_ptr, out_ptr, D: tl.constexpr, I: tl.constexpr,
+                      TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, QUANT: tl.constexpr,
+                      IDS_READY: tl.constexpr, PDL: tl.constexpr):
+    """IDS_READY (dense weights, TOPK a power of two, BK >= I): the k experts' [BN, I] tiles are loaded as one
+    [k, BN, I] block before waiting for h; the k products are then summed as a tree, not in order."""
+    if PDL:
+        gdc_launch_dependents()
+        if not IDS_READY:
+            gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     nb = tl.program_id(1)
     rows = nb * BN + tl.arange(0, BN)
-    acc = tl.zeros([BN], tl.float32)
     dt = out_ptr.dtype.element_ty
-    # unrolled over the k experts and the inner width, summed in a fixed order (deterministic, no atomics)
-    for j in tl.static_range(TOPK):
-        p = t * TOPK + j
-        e = tl.load(ids_ptr + p)
-        y = tl.zeros([BN], tl.float32)
-        for k0 in tl.static_range(0, I, BK):
-            cols = k0 + tl.arange(0, BK)
-            hv = tl.load(h_ptr + p * I + cols, mask=cols < I, other=0.0).to(tl.float32)
-            y += tl.sum(_load_w(w2_ptr, s2_ptr, e, rows, cols, D, I, QUANT) * hv[None, :], 1)
-        acc += y.to(dt).to(tl.float32) * tl.load(wts_ptr + p).to(dt).to(tl.float32)
+    if IDS_READY:
+        jj = tl.arange(0, TOPK)
+        cols = tl.arange(0, BK)
+        ev = tl.load(ids_ptr + t * TOPK + jj).to(tl.int64)
+        wv = tl.load(wts_ptr + t * TOPK + jj).to(dt).to(tl.float32)
+        w = tl.load(w2_ptr + (ev[:, None, None] * D + rows[None, :, None]) * I + cols[None, None, :],
+                    mask=(rows[None, :, None] < D) & (cols[None, None, :] < I), other=0.0)
+        if PDL:
+            gdc_wait()
+        hv = tl.load(h_ptr + (t * TOPK + jj)[:, None] * I + cols[None, :], mask=cols[None, :] < I, other=0.0)
+        y = tl.sum(w.to(tl.float32) * hv.to(tl.float32)[:, None, :], 2)  # [TOPK, BN]
+        acc = tl.sum(y.to(dt).to(tl.float32) * wv[:, None], 0)
+    else:
+        acc = tl.zeros([BN], tl.float32)
+        # unrolled over the k experts and the inner width, summed in a fixed order (deterministic, no atomics)
+        for j in tl.static_range(TOPK):
+            p = t * TOPK + j
+            e = tl.load(ids_ptr + p)
+            y = tl.zeros([BN], tl.float32)
+            for k0 in tl.static_range(0, I, BK):
+                cols = k0 + tl.arange(0, BK)
+                hv = tl.load(h_ptr + p * I + cols, mask=cols < I, other=0.0).to(tl.float32)
+                y += tl.sum(_load_w(w2_ptr, s2_ptr, e, rows, cols, D, I, QUANT) * hv[None, :], 1)
+            acc += y.to(dt).to(tl.float32) * tl.load(wts_ptr + p).to(dt).to(tl.float32)
     tl.store(out_ptr + t * D + rows, acc.to(dt), mask=rows < D)
 
 
@@ -217,7 +255,7 @@ def _sort_pairs(ids: torch.Tensor, E: int, BM: int):
     return pairs, bexp
 
 
-def moe_experts(x, experts_weights, weights, ids, act):
+def moe_experts(x, experts_weights, weights, ids, act, ids_ready: bool = False):
     """See kestrel.ops.moe.experts: x [T, D] -> [T, D_out] in x's dtype."""
     ew = experts_weights
     T, D = x.shape
@@ -239,15 +277,18 @@ def moe_experts(x, experts_weights, weights, ids, act):
     if T == 0:
         return torch.empty(0, Dout, dtype=x.dtype, device=x.device)
     if NP <= GEMV_MAX_PAIRS:
-        BI = GEMV_UP_ROWS[NP >= 8]
+        BI, BN = GEMV_UP_ROWS[NP >= 8], GEMV_DOWN_ROWS
+        DP, IP = triton.next_power_of_2(D), triton.next_power_of_2(I)
+        # whole tiles loaded before the wait only where they fit in registers
+        up_early = ids_ready and BI * DP <= PREFETCH_MAX // 2
+        down_early = ids_ready and not q and TOPK & (TOPK - 1) == 0 and TOPK * BN * IP <= PREFETCH_MAX
         _gemv_up_kernel[(NP, triton.cdiv(I, BI))](x, ids, w1, s1, w3, s3, h, D, I, TOPK, act.beta, act.linear_beta,
-                                                 BI=BI, BK=min(512, triton.next_power_of_2(D)), QUANT=q, SITU=situ,
-                                                 num_warps=4, **pdl_args(x))
+                                                 BI=BI, BK=DP if up_early else min(512, DP), QUANT=q, SITU=situ,
+                                                 IDS_READY=up_early, num_warps=4, **pdl_args(x))
         out = torch.empty(T, Dout, dtype=x.dtype, device=x.device)
-        BN = GEMV_DOWN_ROWS
         _gemv_down_kernel[(T, triton.cdiv(Dout, BN))](h, ids, weights, w2, s2, out, Dout, I, TOPK, BN=BN,
-                                                      BK=min(512, triton.next_power_of_2(I)), QUANT=q, num_warps=4,
-                                                      **pdl_args(h))
+                                                      BK=IP if down_early else min(512, IP), QUANT=q,
+                                                      IDS_READY=down_early, num_warps=4, **pdl_args(h))
         return out
     BM = 64 if NP >= 4096 else 16
     pairs, bexp = _sort_pairs(ids, E, BM)
