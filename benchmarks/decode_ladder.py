@@ -28,7 +28,7 @@ from kestrel.models.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from kestrel.models.k3 import K3ForCausalLM  # noqa: E402
 from kestrel.models.presets import kimi_linear_subset, preset_config  # noqa: E402
 import kestrel.ops as ops  # noqa: E402
-from kestrel.ops import linear as linear_ops, moe as moe_ops, reference_ops  # noqa: E402
+from kestrel.ops import attn_res as attn_res_ops, linear as linear_ops, moe as moe_ops, reference_ops  # noqa: E402,E501
 
 DT = torch.bfloat16
 
@@ -141,7 +141,7 @@ def ladder(cfg, model, args, log, floor_s):
     plain = from_snapshot(lambda: runner.run(fb))
     del runner
     ops.PDL = pdl
-    moe_ops.EARLY_IDS = False
+    moe_ops.EARLY_IDS = attn_res_ops.EARLY_SETTLE = False
     variants = {}  # the last stages' graphs, kept for an interleaved comparison
     if pdl:
         runner = captured()
@@ -163,10 +163,18 @@ def ladder(cfg, model, args, log, floor_s):
     # the down projection sums the k experts as a tree on this path: rounding-level differences only
     log(f"early expert streams vs in-order logits rel err {((early - fused).norm() / fused.norm()).item():.2e}")
     variants["+ early expert streams"] = runner
+    attn_res_ops.EARLY_SETTLE = True
+    runner = captured()
+    stage("CUDA graph, + settle reads bank and stream before the wait", lambda: runner.run(fb), 50)
+    settle = from_snapshot(lambda: runner.run(fb))
+    log(f"early settle bit-equal to waiting first: {torch.equal(settle, early)}")
+    variants["+ early settle"] = runner
     interleaved(variants, fb, log)
-    for name in (next(iter(variants)), "+ early expert streams"):
+    for name in (next(iter(variants)), "+ early settle"):
         graph_timeline(lambda: variants[name].run(fb), log, label=name)
     del runner, variants
+    if args.tile_sweep:
+        tile_sweep(captured, fb, log)
     ops.PDL = False  # a PDL kernel's time would include its wait for the one before
     kernel_breakdown(lambda: model(fb), log)
     ops.PDL = default_pdl
@@ -217,6 +225,35 @@ def kernel_breakdown(step, log, steps: int = 3, top: int = 24, label: str = "dec
     log(f"kernel time per step ({label}, eager, fused): {total:.0f} us in {launches:.0f} launches")
     for name, (n, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:top]:
         log(f"  {t / steps:8.1f} us  {n / steps:6.1f}x  {name[:90]}")
+
+
+def tile_sweep(captured, fb, log):
+    """The final graph with other GEMV tiles (rows per program of the one-row GEMV up to / above 4096 outputs, the
+    expert up and down GEMVs' rows per program), captured one by one and timed turn about: how many programs a
+    launch should have when it is latency-bound inside a PDL graph (one wave or two)."""
+    from kestrel.ops.linear import triton as lt
+    from kestrel.ops.moe import triton as mt
+
+    default = (lt.ROWS, lt.PREFETCH_MAX, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS)
+    configs = {
+        "default": default,
+        "gemv rows x2": ((8, 16), 32768, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS),
+        "gemv rows /2": ((2, 4), 16384, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS),
+        "experts up 8 down 4": (lt.ROWS, lt.PREFETCH_MAX, (8, 8), 4),
+        "experts up 8 down 2": (lt.ROWS, lt.PREFETCH_MAX, (8, 8), 2),
+        "experts up 2 down 1": (lt.ROWS, lt.PREFETCH_MAX, (2, 2), 1),
+    }
+    runners = {}
+    for name, (rows, pmax, up, down) in configs.items():
+        lt.ROWS, lt.PREFETCH_MAX, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS = rows, pmax, up, down
+        mt.PREFETCH_MAX = max(16384, pmax)
+        try:
+            runners[name] = captured()
+        except Exception as e:  # a tile that does not compile or fit: report and go on
+            log(f"tile sweep {name}: {type(e).__name__}: {e}")
+    lt.ROWS, lt.PREFETCH_MAX, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS = default
+    mt.PREFETCH_MAX = 16384
+    interleaved(runners, fb, log, rounds=6)
 
 
 def interleaved(variants: dict, fb, log, rounds: int = 8, iters: int = 20):
@@ -333,6 +370,7 @@ def main():
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--skip-pdl", action="store_true", help="no programmatic-dependent-launch stage")
+    ap.add_argument("--tile-sweep", action="store_true", help="time the final graph with other GEMV tiles")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     log = Log(os.path.join(args.out, "decode_ladder.log") if args.out else None)

@@ -79,8 +79,10 @@ class K3Model(nn.Module):
         """Apply the pending sublayer output `delta` to the stream and pre-norm the next sublayer's input, fused on
         GPU: AttnRes aggregation + RMSNorm, or residual add + RMSNorm. Returns (partial, normed input)."""
         if site is not None and bank:
+            # every sublayer's last kernel launches its dependents only after its own wait (late_trigger), so the
+            # settle may read the bank and the partial sum before it waits for delta
             return attn_res_settle(bank, partial, delta, site.norm_weight, site.proj_weight[0], self.cfg.rms_norm_eps,
-                                   norm.weight, norm.eps)
+                                   norm.weight, norm.eps, early=delta is not None)
         if delta is not None:
             if site is None:
                 return add_rms_norm(partial, delta, norm.weight, norm.eps)

@@ -117,7 +117,7 @@ class KDAMixer(nn.Module):
         g, w = gate.reshape(T, H * K), self.o_norm.weight
         pro = Prologue("gated_rms", o.reshape(T, H * K), other=g, weight=w, eps=self.eps, group=K,
                        apply=lambda: gated_rms_norm(o, g.view(T, H, K), w, self.eps).reshape(T, H * K))
-        return self.o_proj.forward_with(pro)  # the output norm inside a one-row GEMV
+        return self.o_proj.forward_with(pro, late_trigger=True)  # the output norm inside a one-row GEMV
 
     def _qkv(self, y: torch.Tensor):
         """Conv output [..., 3HK] -> q, k normalised [..., H, K] and v [..., H, K]."""

@@ -86,8 +86,9 @@ class MLAMixer(nn.Module):
         if hasattr(self, "g_proj"):
             g = self.g_proj(x) if gate is None else gate
             # the output gate inside a one-row GEMV
-            return self.o_proj.forward_with(Prologue("gate", o, lambda: o * torch.sigmoid(g), other=g))
-        return self.o_proj(o)
+            pro = Prologue("gate", o, lambda: o * torch.sigmoid(g), other=g)
+            return self.o_proj.forward_with(pro, late_trigger=True)
+        return self.o_proj(o, late_trigger=True)
 
     def _decode(self, q, buf, page_table, seq_lens):
         """Absorbed-form attention of one query token per page-table row over its first seq_lens keys."""

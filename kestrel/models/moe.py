@@ -38,7 +38,8 @@ class DenseFFN(nn.Module):
             gate_up = fused(x)
         a, b = gate_up if gate_up is not None else (self.gate_proj(x), self.up_proj(x))
         pro = linear_ops.Prologue("act", a, lambda: moe_ops.activate(self.act, a, b), other=b, act=self.act)
-        return self.down_proj.forward_with(pro, add)  # the activation inside a one-row GEMV
+        # the activation inside a one-row GEMV; the FFN's last kernel lets its dependents launch late (K3Model)
+        return self.down_proj.forward_with(pro, add, late_trigger=True)
 
 
 class Router(nn.Module):
@@ -93,23 +94,23 @@ class MoE(nn.Module):
             ids_ready = True
         else:
             h = self.routed_expert_down_proj(x) if hasattr(self, "routed_expert_down_proj") else x
+        last = not hasattr(self, "shared_experts")  # which kernel ends the MoE (launches its dependents late)
         if training:
             # every expert on every token, weighted (zero where not routed): more FLOPs, no host syncs
             e = self.experts
             y = moe_ops.experts_dense(h, e.dense("w1", h.dtype), e.dense("w2", h.dtype), e.dense("w3", h.dtype),
                                       weights, ids, self.act)
         else:
-            y = moe_ops.experts(h, self.experts, weights, ids, self.act, ids_ready)
+            y = moe_ops.experts(h, self.experts, weights, ids, self.act, ids_ready,
+                                late_trigger=not hasattr(self, "routed_expert_up_proj") and last)
         if hasattr(self, "routed_expert_up_proj"):
             norm = getattr(self, "routed_expert_norm", None)
             if norm is not None:  # the latent norm inside a one-row GEMV
                 y0 = y
                 pro = linear_ops.Prologue("rms", y0, lambda: norm(y0), weight=norm.weight, eps=norm.eps)
-                y = self.routed_expert_up_proj.forward_with(pro)
+                y = self.routed_expert_up_proj.forward_with(pro, late_trigger=last)
             else:
-                y = self.routed_expert_up_proj(y)
-        elif hasattr(self, "routed_expert_norm"):
-            y = self.routed_expert_norm(y)
+                y = self.routed_expert_up_proj(y, late_trigger=last)
         if hasattr(self, "shared_experts"):
             y = self.shared_experts(x, shared_in, add=y)  # shared + routed: the add rides the down projection
         return y

@@ -232,9 +232,17 @@ class DSparkDrafter(nn.Module):
 
     def confidence_logit(self, state: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """[..., D], [..., V] -> [...]; reads detached inputs, so its loss never moves the drafting path."""
+        return self.confidence_from(state, self.peak(logits))
+
+    @staticmethod
+    def peak(logits: torch.Tensor) -> torch.Tensor:
+        """[..., V] -> [..., 2]: the two largest log-probabilities, how peaked the draft distribution is (cheaper
+        than its entropy)."""
         logits = logits.detach().float()
-        # the two largest log-probabilities: how peaked the draft distribution is (cheaper than its entropy)
-        top2 = logits.topk(2, -1).values - torch.logsumexp(logits, -1, keepdim=True)  # [..., 2]
+        return logits.topk(2, -1).values - torch.logsumexp(logits, -1, keepdim=True)
+
+    def confidence_from(self, state: torch.Tensor, top2: torch.Tensor) -> torch.Tensor:
+        """The confidence head on states [..., D] and their peaks [..., 2] -> logits [...]."""
         x = torch.cat([rms(state.detach(), self.cfg.rms_norm_eps), top2.to(state.dtype)], -1)
         return self.conf_down(F.silu(self.conf_up(x)))[..., 0].float()
 
@@ -282,7 +290,7 @@ class DSparkDrafter(nn.Module):
             raise ValueError(f"temperature = {temperature} must be >= 0")
         ctx, slots = self.block(features, last_token, gamma)
         state, token = ctx, last_token
-        tokens, probs, conf = [], [], []
+        tokens, probs, states, peaks = [], [], [], []
         for i in range(gamma):
             state = self.correct(slots[:, i], state, token)
             logits = self.logits(state)
@@ -294,9 +302,11 @@ class DSparkDrafter(nn.Module):
                 probs.append(p)
             tokens.append(token)
             if want_confidence:
-                conf.append(torch.sigmoid(self.confidence_logit(state, logits)))
-        return DraftOutput(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None,
-                           torch.stack(conf, 1) if conf else None)
+                states.append(state)
+                peaks.append(self.peak(logits))
+        # the confidence head once over every position (on a GPU, a few launches instead of a few per position)
+        conf = torch.sigmoid(self.confidence_from(torch.stack(states, 1), torch.stack(peaks, 1))) if states else None
+        return DraftOutput(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None, conf)
 
     # ---- checkpoints
     def save(self, path: str | Path, dtype: torch.dtype | None = torch.bfloat16) -> None:

@@ -75,6 +75,10 @@ def test_attn_res_settle(dtype, n, form):
     kn, kp, nw = rnd(D, dtype=dtype), rnd(D, dtype=dtype, scale=D**-0.5), rnd(D, dtype=dtype)
     p1, z1 = K.attn_res_settle(bank, p, d, kn, kp, 1e-5, nw, 1e-6)
     p2, z2 = R.attn_res_settle(bank, p, d, kn, kp, 1e-5, nw, 1e-6)
+    # reading the bank and the partial sum before waiting for delta computes the same (the ordering under PDL is
+    # what test_pdl_graph_decode_bit_equals_plain_launches checks, in the model)
+    p3, z3 = K.attn_res_settle(bank, p, d, kn, kp, 1e-5, nw, 1e-6, early=True)
+    assert torch.equal(p3, p1) and torch.equal(z3, z1)
     if INTERPRET and dtype == torch.bfloat16:  # the interpreter truncates instead of rounding to bf16
         assert rel(p1, p2) < TOL[dtype]
     else:

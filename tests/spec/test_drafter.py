@@ -50,6 +50,24 @@ def test_shapes_greedy_is_argmax_and_confidence_range():
     assert out.tokens.unique().numel() > 3
 
 
+def test_confidence_once_over_positions_equals_per_position():
+    """propose runs the confidence head once over every drafted position: the same values as the head applied at
+    each step to that step's state and logits."""
+    d = small_drafter(dtype=torch.float64)
+    f, last = inputs(d)
+    f = f.double()
+    out = d.propose(f, last, 5, want_probs=False)
+    ctx, slots = d.block(f, last, 5)
+    state, token, per = ctx, last, []
+    for i in range(5):
+        state = d.correct(slots[:, i], state, token)
+        logits = d.logits(state)
+        token = logits.argmax(-1)
+        per.append(torch.sigmoid(d.confidence_logit(state, logits)))
+    assert torch.allclose(out.confidence, torch.stack(per, 1), rtol=0, atol=1e-12)
+    assert d.propose(f, last, 5, want_probs=False, want_confidence=False).confidence is None
+
+
 def test_block_is_causal_and_correction_reads_previous_tokens():
     d = small_drafter()
     f, last = inputs(d)

@@ -17,18 +17,20 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
 
-    def forward(self, x: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
-        """add: a residual summed into the output (in the GEMV's epilogue on GPU)."""
+    def forward(self, x: torch.Tensor, add: torch.Tensor | None = None, late_trigger: bool = False) -> torch.Tensor:
+        """add: a residual summed into the output (in the GEMV's epilogue on GPU); late_trigger: see
+        linear_ops.linear (a sublayer's last projection: the settle after it reads the stream early)."""
         if self.bias is not None:
             y = F.linear(x, self.weight, self.bias)
             return y if add is None else y + add
-        return linear_ops.linear(x, self.weight, add)
+        return linear_ops.linear(x, self.weight, add, late_trigger)
 
-    def forward_with(self, pro: linear_ops.Prologue, add: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_with(self, pro: linear_ops.Prologue, add: torch.Tensor | None = None,
+                     late_trigger: bool = False) -> torch.Tensor:
         """self(pro.apply(), add): the input made by a prologue, inside the GEMV where one serves the call."""
         if self.bias is not None:
             return self(pro.apply(), add)
-        return linear_ops.linear_with(pro, self.weight, add)
+        return linear_ops.linear_with(pro, self.weight, add, late_trigger)
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}"

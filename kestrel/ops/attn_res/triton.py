@@ -9,15 +9,20 @@ import triton
 import triton.language as tl
 
 from kestrel.ops import pdl_args
-from kestrel.ops.triton_utils import pdl_prologue
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
 def _attn_res_kernel(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, out_ptr, nw_ptr, norm_ptr, D, eps, norm_eps,
                      NB: tl.constexpr, HAS_P: tl.constexpr, HAS_D: tl.constexpr, HAS_W2: tl.constexpr,
                      HAS_OUT: tl.constexpr, HAS_NORM: tl.constexpr, NPAD: tl.constexpr, BLOCK: tl.constexpr,
-                     PDL: tl.constexpr):
-    pdl_prologue(PDL)
+                     EARLY: tl.constexpr, PDL: tl.constexpr):
+    """EARLY (every kernel before the one that wrote delta has finished when this one starts: see
+    attn_res_settle): the bank, the partial sum and their logits before waiting, only delta after."""
+    if PDL:
+        gdc_launch_dependents()
+        if not EARLY:
+            gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < D
@@ -26,23 +31,30 @@ def _attn_res_kernel(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, out_ptr, nw_pt
     for i in tl.static_range(NB):
         v = tl.load(bank[i] + row * D + offs, mask=mask, other=0.0).to(tl.float32)
         tile = tl.where(idx == i, v[None, :], tile)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    if HAS_W2:  # the site vector norm_weight * proj_weight, rounded to the weights' dtype as torch would
+        w = (w.to(tl.float32) * tl.load(w2_ptr + offs, mask=mask, other=0.0).to(tl.float32)).to(w_ptr.dtype.element_ty)
+    w = w.to(tl.float32)
+    # logit_i = <RMSNorm(v_i), w>: the row's rsqrt factors out of the dot product (the bank's rows first)
+    logit = tl.sum(tile * w[None, :], 1) / tl.sqrt(tl.sum(tile * tile, 1) / D + eps)
     # the last value: the partial sum, with the pending sublayer output added in the stream's dtype (torch's add)
     if HAS_P:
         x = tl.load(p_ptr + row * D + offs, mask=mask, other=0.0)
+        if EARLY and PDL:
+            gdc_wait()
         if HAS_D:
             x = (x.to(tl.float32) + tl.load(d_ptr + row * D + offs, mask=mask, other=0.0).to(tl.float32))
             x = x.to(pout_ptr.dtype.element_ty)
             tl.store(pout_ptr + row * D + offs, x, mask=mask)
     else:
+        if EARLY and PDL:
+            gdc_wait()
         x = tl.load(d_ptr + row * D + offs, mask=mask, other=0.0)
-    tile = tl.where(idx == NB, x.to(tl.float32)[None, :], tile)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
-    if HAS_W2:  # the site vector norm_weight * proj_weight, rounded to the weights' dtype as torch would
-        w = (w.to(tl.float32) * tl.load(w2_ptr + offs, mask=mask, other=0.0).to(tl.float32)).to(w_ptr.dtype.element_ty)
-    w = w.to(tl.float32)
-    # logit_i = <RMSNorm(v_i), w>: the row's rsqrt factors out of the dot product
-    logit = tl.sum(tile * w[None, :], 1) / tl.sqrt(tl.sum(tile * tile, 1) / D + eps)
-    logit = tl.where(tl.arange(0, NPAD) <= NB, logit, -float("inf"))
+    xf = x.to(tl.float32)
+    tile = tl.where(idx == NB, xf[None, :], tile)
+    lx = tl.sum(xf * w, 0) / tl.sqrt(tl.sum(xf * xf, 0) / D + eps)
+    rn = tl.arange(0, NPAD)
+    logit = tl.where(rn == NB, lx, tl.where(rn < NB, logit, -float("inf")))
     p = tl.exp(logit - tl.max(logit, 0))
     y = tl.sum(tile * p[:, None], 0) / tl.sum(p, 0)
     y_out = y.to(pout_ptr.dtype.element_ty)  # the aggregate in the stream's dtype (the norm reads it rounded)
@@ -55,7 +67,7 @@ def _attn_res_kernel(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, out_ptr, nw_pt
         tl.store(norm_ptr + row * D + offs, z.to(norm_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(bank, partial, delta, w, w2, eps, norm_weight, norm_eps, want_out: bool):
+def _launch(bank, partial, delta, w, w2, eps, norm_weight, norm_eps, want_out: bool, early: bool = False):
     """Aggregate bank + [partial (+ delta)]; returns (aggregate or None, normed or None, new partial)."""
     x0 = partial if partial is not None else delta
     shape, D = x0.shape, x0.shape[-1]
@@ -77,7 +89,7 @@ def _launch(bank, partial, delta, w, w2, eps, norm_weight, norm_eps, want_out: b
                                D, eps, norm_eps or 0.0, NB=len(vals), HAS_P=p is not None,
                                HAS_D=p is not None and d is not None, HAS_W2=w2 is not None, HAS_OUT=want_out,
                                HAS_NORM=norm_weight is not None, NPAD=triton.next_power_of_2(len(vals) + 1),
-                               BLOCK=BLOCK, num_warps=max(1, min(16, BLOCK // 256)), **pdl_args(x0))
+                               BLOCK=BLOCK, EARLY=early, num_warps=max(1, min(16, BLOCK // 256)), **pdl_args(x0))
     view = lambda t: None if t is None else t.view(shape)  # noqa: E731
     return view(out), view(norm), view(new_p)
 
@@ -98,10 +110,11 @@ def attn_res_norm(values, w, eps: float, norm_weight, norm_eps: float):
     return _launch(values[:-1], values[-1], None, w, None, eps, norm_weight, norm_eps, True)[:2]
 
 
-def attn_res_settle(bank, partial, delta, key_norm, key_proj, eps: float, norm_weight, norm_eps: float):
+def attn_res_settle(bank, partial, delta, key_norm, key_proj, eps: float, norm_weight, norm_eps: float,
+                    early: bool = False):
     """See reference.attn_res_settle: P + delta, the aggregate and the next RMSNorm in one kernel."""
     if (partial if partial is not None else delta).dtype == torch.float64:
         from kestrel.ops.attn_res.reference import attn_res_settle as ref
         return ref(bank, partial, delta, key_norm, key_proj, eps, norm_weight, norm_eps)
-    _, normed, new_p = _launch(bank, partial, delta, key_norm, key_proj, eps, norm_weight, norm_eps, False)
+    _, normed, new_p = _launch(bank, partial, delta, key_norm, key_proj, eps, norm_weight, norm_eps, False, early)
     return new_p, normed

@@ -61,7 +61,8 @@ class Prologue:
 FUSE_PROLOGUES = True
 
 
-def linear_with(pro: Prologue, weight: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+def linear_with(pro: Prologue, weight: torch.Tensor, add: torch.Tensor | None = None,
+                late_trigger: bool = False) -> torch.Tensor:
     """linear(pro.apply(), weight, add) for 2-D inputs, with the prologue inside the GEMV where it serves the call."""
     x = pro.x
     if (FUSE_PROLOGUES and x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_M and x.dtype == weight.dtype != torch.float64
@@ -69,8 +70,8 @@ def linear_with(pro: Prologue, weight: torch.Tensor, add: torch.Tensor | None = 
             and (pro.other is None or pro.other.stride(-1) == 1)):
         fits = kernel(__name__ + ".triton", "fits_prologue", x)
         if fits is not None and fits(*weight.shape):
-            return kernel(__name__ + ".triton", "linear", x)(x, weight, add, pro)
-    return linear(pro.apply(), weight, add)
+            return kernel(__name__ + ".triton", "linear", x)(x, weight, add, pro, late_trigger=late_trigger)
+    return linear(pro.apply(), weight, add, late_trigger)
 
 
 def linear_stacked(x: torch.Tensor, weight: torch.Tensor, groups: int) -> list[torch.Tensor]:

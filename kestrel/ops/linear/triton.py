@@ -113,13 +113,15 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, add_ptr, x2_ptr, nw_ptr, M, N, GN, sx, sx2
 
 # (rows per program, K per step) override for benchmarks/kernels.py's tile sweep; None = the rule below
 TILE = None
+# rows per program up to N = 4096 outputs and above (the decode ladder's --tile-sweep times others in the model)
+ROWS = (4, 8)
 # the largest weight tile (elements) a program loads whole (before it waits, under PDL); larger ones stream by BK
 PREFETCH_MAX = 16384
 
 
 def _tile(N: int, K: int) -> tuple[int, int, int]:
     """(rows per program, K step, whole-tile width or 0)."""
-    BN, BK = TILE or (8 if N > 4096 else 4, 512)
+    BN, BK = TILE or (ROWS[N > 4096], 512)
     KP = triton.next_power_of_2(K)
     return BN, min(BK, KP), KP if TILE is None and BN * KP <= PREFETCH_MAX else 0
 

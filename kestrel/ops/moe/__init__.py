@@ -19,16 +19,17 @@ def route(logits, correction_bias, top_k, renormalize, scaling, num_expert_group
 EARLY_IDS = True
 
 
-def experts(x, experts_weights, weights, ids, act, ids_ready: bool = False):
+def experts(x, experts_weights, weights, ids, act, ids_ready: bool = False, late_trigger: bool = False):
     """sum_k weights[t, k] * expert_{ids[t, k]}(x_t) for an ExpertWeights module (dense or MXFP4).
 
     ids_ready (GPU, programmatic dependent launch): the caller guarantees that the kernels which wrote `ids` and
     `weights` have finished by the time the expert kernels can start (a late-trigger launch sits between: see
     kestrel.ops.linear.linear), so the kernels read them, and stream the chosen experts' weights, before waiting
-    for x."""
+    for x. late_trigger: the last kernel lets its dependents launch only after its own wait (see
+    kestrel.ops.linear.linear)."""
     fn = kernel(__name__ + ".triton", "moe_experts", x)
     if fn is not None:
-        return fn(x, experts_weights, weights, ids, act, ids_ready and EARLY_IDS)
+        return fn(x, experts_weights, weights, ids, act, ids_ready and EARLY_IDS, late_trigger)
     e = experts_weights
     w1, w2, w3 = e.dense("w1", x.dtype), e.dense("w2", x.dtype), e.dense("w3", x.dtype)
     # CPU, interleaved timings on k3-small's 8 experts, top-2 (us, dense / loop / grouped): 1 token 425 / 535 / 387,

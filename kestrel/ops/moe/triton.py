@@ -136,13 +136,17 @@ def _gemv_up_kernel(x_ptr, ids_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, D: tl
 @triton.jit
 def _gemv_down_kernel(h_ptr, ids_ptr, wts_ptr, w2_ptr, s2_ptr, out_ptr, D: tl.constexpr, I: tl.constexpr,
                       TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, QUANT: tl.constexpr,
-                      IDS_READY: tl.constexpr, PDL: tl.constexpr):
+                      IDS_READY: tl.constexpr, LATE_TRIGGER: tl.constexpr, PDL: tl.constexpr):
     """IDS_READY (dense weights, TOPK a power of two, BK >= I): the k experts' [BN, I] tiles are loaded as one
-    [k, BN, I] block before waiting for h; the k products are then summed as a tree, not in order."""
+    [k, BN, I] block before waiting for h; the k products are then summed as a tree, not in order. LATE_TRIGGER:
+    dependents launch only after this kernel's wait."""
     if PDL:
-        gdc_launch_dependents()
+        if not LATE_TRIGGER:
+            gdc_launch_dependents()
         if not IDS_READY:
             gdc_wait()
+            if LATE_TRIGGER:
+                gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     nb = tl.program_id(1)
     rows = nb * BN + tl.arange(0, BN)
@@ -156,6 +160,8 @@ def _gemv_down_kernel(h_ptr, ids_ptr, wts_ptr, w2_ptr, s2_ptr, out_ptr, D: tl.co
                     mask=(rows[None, :, None] < D) & (cols[None, None, :] < I), other=0.0)
         if PDL:
             gdc_wait()
+            if LATE_TRIGGER:
+                gdc_launch_dependents()
         hv = tl.load(h_ptr + (t * TOPK + jj)[:, None] * I + cols[None, :], mask=cols[None, :] < I, other=0.0)
         y = tl.sum(w.to(tl.float32) * hv.to(tl.float32)[:, None, :], 2)  # [TOPK, BN]
         acc = tl.sum(y.to(dt).to(tl.float32) * wv[:, None], 0)
@@ -255,7 +261,7 @@ def _sort_pairs(ids: torch.Tensor, E: int, BM: int):
     return pairs, bexp
 
 
-def moe_experts(x, experts_weights, weights, ids, act, ids_ready: bool = False):
+def moe_experts(x, experts_weights, weights, ids, act, ids_ready: bool = False, late_trigger: bool = False):
     """See kestrel.ops.moe.experts: x [T, D] -> [T, D_out] in x's dtype."""
     ew = experts_weights
     T, D = x.shape
@@ -288,7 +294,8 @@ def moe_experts(x, experts_weights, weights, ids, act, ids_ready: bool = False):
         out = torch.empty(T, Dout, dtype=x.dtype, device=x.device)
         _gemv_down_kernel[(T, triton.cdiv(Dout, BN))](h, ids, weights, w2, s2, out, Dout, I, TOPK, BN=BN,
                                                       BK=IP if down_early else min(512, IP), QUANT=q,
-                                                      IDS_READY=down_early, num_warps=4, **pdl_args(h))
+                                                      IDS_READY=down_early, LATE_TRIGGER=late_trigger, num_warps=4,
+                                                      **pdl_args(h))
         return out
     BM = 64 if NP >= 4096 else 16
     pairs, bexp = _sort_pairs(ids, E, BM)
