@@ -143,36 +143,31 @@ def ladder(cfg, model, args, log, floor_s):
     ops.PDL = pdl
     moe_ops.EARLY_IDS = attn_res_ops.EARLY_SETTLE = False
     variants = {}  # the last stages' graphs, kept for an interleaved comparison
-    if pdl:
-        runner = captured()
-        stage("CUDA graph, + programmatic dependent launch", lambda: runner.run(fb), 50)
-        # the same kernels launched early: any missing wait would show as a race, so demand bit-equality
-        graphed = from_snapshot(lambda: runner.run(fb))
-        log(f"PDL graph bit-equal to plain launches: {torch.equal(graphed, plain)}")
-        variants["PDL"] = runner
+
+    def kept_stage(key, label, against, what):
+        """A stage whose graph is kept; its logits compared with `against` (bit-equal, else the relative error)."""
+        runner = variants[key] = captured()
+        stage(label, lambda: runner.run(fb), 50)
+        out = from_snapshot(lambda: runner.run(fb))
+        same = torch.equal(out, against)
+        log(f"{what}: {'bit-equal' if same else f'rel err {((out - against).norm() / against.norm()).item():.2e}'}")
+        return out
+
+    if pdl:  # the same kernels launched early: a missing wait would show as a race, so it must be bit-equal
+        kept_stage("PDL", "CUDA graph, + programmatic dependent launch", plain, "PDL graph vs plain launches")
     linear_ops.FUSE_PROLOGUES = True
-    runner = captured()
-    stage("CUDA graph, + prologues fused into the GEMV", lambda: runner.run(fb), 50)
-    fused = from_snapshot(lambda: runner.run(fb))
-    log(f"fused prologues bit-equal to unfused: {torch.equal(fused, plain)}")
-    variants["+ prologues"] = runner
-    moe_ops.EARLY_IDS = True
-    runner = captured()
-    stage("CUDA graph, + expert weights streamed before the wait", lambda: runner.run(fb), 50)
-    early = from_snapshot(lambda: runner.run(fb))
-    # the down projection sums the k experts as a tree on this path: rounding-level differences only
-    log(f"early expert streams vs in-order logits rel err {((early - fused).norm() / fused.norm()).item():.2e}")
-    variants["+ early expert streams"] = runner
+    fused = kept_stage("+ prologues", "CUDA graph, + prologues fused into the GEMV", plain,
+                       "fused prologues vs unfused")
+    moe_ops.EARLY_IDS = True  # the down projection then sums the k experts as a tree: rounding-level differences
+    early = kept_stage("+ early expert streams", "CUDA graph, + expert weights streamed before the wait", fused,
+                       "early expert streams vs in order")
     attn_res_ops.EARLY_SETTLE = True
-    runner = captured()
-    stage("CUDA graph, + settle reads bank and stream before the wait", lambda: runner.run(fb), 50)
-    settle = from_snapshot(lambda: runner.run(fb))
-    log(f"early settle bit-equal to waiting first: {torch.equal(settle, early)}")
-    variants["+ early settle"] = runner
+    kept_stage("+ early settle", "CUDA graph, + settle reads bank and stream before the wait", early,
+               "early settle vs waiting first")
     interleaved(variants, fb, log)
     for name in (next(iter(variants)), "+ early settle"):
         graph_timeline(lambda: variants[name].run(fb), log, label=name)
-    del runner, variants
+    variants.clear()  # the graphs go (their memory pools with them)
     if args.tile_sweep:
         tile_sweep(captured, fb, log)
     ops.PDL = False  # a PDL kernel's time would include its wait for the one before
@@ -205,8 +200,8 @@ def verify_step(cfg, model, setup, args, log, block: int = 8):
     del runner
 
 
-def kernel_breakdown(step, log, steps: int = 3, top: int = 24, label: str = "decode"):
-    """GPU time per decode step by kernel name (eager, so the kernels are the graph's kernels without the gaps)."""
+def cuda_events(step, steps: int):
+    """The profiler's events over `steps` calls of step (after one untraced call)."""
     from torch.profiler import ProfilerActivity, profile
 
     step()
@@ -215,8 +210,13 @@ def kernel_breakdown(step, log, steps: int = 3, top: int = 24, label: str = "dec
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
+    return prof.events()
+
+
+def kernel_breakdown(step, log, steps: int = 3, top: int = 24, label: str = "decode"):
+    """GPU time per decode step by kernel name (eager, so the kernels are the graph's kernels without the gaps)."""
     agg = {}
-    for e in prof.events():
+    for e in cuda_events(step, steps):
         if e.device_type.name == "CUDA":
             n, t = agg.get(e.name, (0, 0.0))
             agg[e.name] = (n + 1, t + e.device_time)
@@ -274,15 +274,7 @@ def graph_timeline(run, log, steps: int = 5, top: int = 20, label: str = "graph"
     """Where a graphed step's wall time goes: the kernels as the GPU ran them (the profiler traces a graph's
     kernels), each charged with how far it moved the step's end (its end minus the latest end before it, so launch
     gaps and PDL waits count against the kernel that ended them, and a kernel overlapped by PDL costs little)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            run()
-        torch.cuda.synchronize()
-    ev = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+    ev = sorted((e.time_range.start, e.time_range.end, e.name) for e in cuda_events(run, steps)
                 if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower() and "memset" not in e.name.lower())
     if not ev:
         log(f"timeline ({label}): no kernels traced")
@@ -294,7 +286,6 @@ def graph_timeline(run, log, steps: int = 5, top: int = 20, label: str = "graph"
         n, a, d = agg.get(name, (0, 0.0, 0.0))
         agg[name] = (n + 1, a + adv, d + (end - start))
     span = (ev[-1][1] - ev[0][0]) / steps
-    busy = sum(a for _, a, _ in agg.values()) / steps
     dur = sum(d for _, _, d in agg.values()) / steps
     log(f"timeline ({label}): {len(ev) / steps:.0f} kernels a step, span {span:.0f} us a step, kernel durations "
         f"sum {dur:.0f} us; charged time by kernel (us a step, launches, mean duration us):")
