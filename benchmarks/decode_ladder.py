@@ -28,7 +28,8 @@ from kestrel.models.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from kestrel.models.k3 import K3ForCausalLM  # noqa: E402
 from kestrel.models.presets import kimi_linear_subset, preset_config  # noqa: E402
 import kestrel.ops as ops  # noqa: E402
-from kestrel.ops import attn_res as attn_res_ops, linear as linear_ops, moe as moe_ops, reference_ops  # noqa: E402,E501
+from kestrel.ops import attn_res as attn_res_ops, kda as kda_ops, linear as linear_ops, moe as moe_ops  # noqa: E402
+from kestrel.ops import reference_ops  # noqa: E402
 
 DT = torch.bfloat16
 
@@ -141,7 +142,7 @@ def ladder(cfg, model, args, log, floor_s):
     plain = from_snapshot(lambda: runner.run(fb))
     del runner
     ops.PDL = pdl
-    moe_ops.EARLY_IDS = attn_res_ops.EARLY_SETTLE = False
+    moe_ops.EARLY_IDS = attn_res_ops.EARLY_SETTLE = kda_ops.EARLY_DECODE = False
     variants = {}  # the last stages' graphs, kept for an interleaved comparison
 
     def kept_stage(key, label, against, what):
@@ -172,10 +173,13 @@ def ladder(cfg, model, args, log, floor_s):
     early = kept_stage("+ early expert streams", "CUDA graph, + expert weights streamed before the wait", fused,
                        "early expert streams vs in order")
     attn_res_ops.EARLY_SETTLE = True
-    kept_stage("+ early settle", "CUDA graph, + settle reads bank and stream before the wait", early,
-               "early settle vs waiting first")
+    settle = kept_stage("+ early settle", "CUDA graph, + settle reads bank and stream before the wait", early,
+                        "early settle vs waiting first")
+    kda_ops.EARLY_DECODE = True
+    kept_stage("+ early KDA decode", "CUDA graph, + KDA conv, norms and state before the wait", settle,
+               "early KDA decode vs waiting first")
     interleaved(variants, fb, log)
-    for name in (next(iter(variants)), "+ early settle"):
+    for name in (next(iter(variants)), "+ early KDA decode"):
         graph_timeline(lambda: variants[name].run(fb), log, label=name)
     variants.clear()  # the graphs go (their memory pools with them)
     if args.tile_sweep:
@@ -238,31 +242,30 @@ def kernel_breakdown(step, log, steps: int = 3, top: int = 24, label: str = "dec
 
 
 def tile_sweep(captured, fb, log):
-    """The final graph with other GEMV tiles (rows per program of the one-row GEMV up to / above 4096 outputs, the
-    expert up and down GEMVs' rows per program), captured one by one and timed turn about: how many programs a
-    launch should have when it is latency-bound inside a PDL graph (one wave or two)."""
+    """The final graph with other tiles (rows per program of the one-row GEMV up to / above 4096 outputs, the
+    expert up and down GEMVs' rows per program, the settle's warps), captured one by one and timed turn about: how
+    a launch should be shaped when it is latency-bound inside a PDL graph. (Call 4 of the 17:25 session also timed
+    GEMV rows x2 (0.961x), experts up 8 down 4 (0.979x) and up 2 down 1 (0.988x).)"""
+    from kestrel.ops.attn_res import triton as at
     from kestrel.ops.linear import triton as lt
     from kestrel.ops.moe import triton as mt
 
-    default = (lt.ROWS, lt.PREFETCH_MAX, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS)
+    default = (lt.ROWS, lt.PREFETCH_MAX, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS, at.WARPS)
     configs = {
         "default": default,
-        "gemv rows x2": ((8, 16), 32768, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS),
-        "gemv rows /2": ((2, 4), 16384, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS),
-        "experts up 8 down 4": (lt.ROWS, lt.PREFETCH_MAX, (8, 8), 4),
-        "experts up 8 down 2": (lt.ROWS, lt.PREFETCH_MAX, (8, 8), 2),
-        "experts up 2 down 1": (lt.ROWS, lt.PREFETCH_MAX, (2, 2), 1),
+        "gemv rows /2": ((2, 4), 16384, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS, at.WARPS),
+        "experts up 8 down 2": (lt.ROWS, lt.PREFETCH_MAX, (8, 8), 2, at.WARPS),
+        "settle 4 warps": (lt.ROWS, lt.PREFETCH_MAX, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS, 4),
+        "settle 16 warps": (lt.ROWS, lt.PREFETCH_MAX, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS, 16),
     }
     runners = {}
-    for name, (rows, pmax, up, down) in configs.items():
-        lt.ROWS, lt.PREFETCH_MAX, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS = rows, pmax, up, down
-        mt.PREFETCH_MAX = max(16384, pmax)
+    for name, (rows, pmax, up, down, warps) in configs.items():
+        lt.ROWS, lt.PREFETCH_MAX, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS, at.WARPS = rows, pmax, up, down, warps
         try:
             runners[name] = captured()
         except Exception as e:  # a tile that does not compile or fit: report and go on
             log(f"tile sweep {name}: {type(e).__name__}: {e}")
-    lt.ROWS, lt.PREFETCH_MAX, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS = default
-    mt.PREFETCH_MAX = 16384
+    lt.ROWS, lt.PREFETCH_MAX, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS, at.WARPS = default
     interleaved(runners, fb, log, rounds=6)
 
 

@@ -7,9 +7,9 @@ kernel (and writes it back), folds the site vector from its two weights, and app
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kestrel.ops import pdl_args
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -67,6 +67,10 @@ def _attn_res_kernel(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, out_ptr, nw_pt
         tl.store(norm_ptr + row * D + offs, z.to(norm_ptr.dtype.element_ty), mask=mask)
 
 
+# warps per program (None: one per 256 columns, at most 16); the decode ladder's --tile-sweep times others
+WARPS = None
+
+
 def _launch(bank, partial, delta, w, w2, eps, norm_weight, norm_eps, want_out: bool, early: bool = False):
     """Aggregate bank + [partial (+ delta)]; returns (aggregate or None, normed or None, new partial)."""
     x0 = partial if partial is not None else delta
@@ -89,7 +93,8 @@ def _launch(bank, partial, delta, w, w2, eps, norm_weight, norm_eps, want_out: b
                                D, eps, norm_eps or 0.0, NB=len(vals), HAS_P=p is not None,
                                HAS_D=p is not None and d is not None, HAS_W2=w2 is not None, HAS_OUT=want_out,
                                HAS_NORM=norm_weight is not None, NPAD=triton.next_power_of_2(len(vals) + 1),
-                               BLOCK=BLOCK, EARLY=early, num_warps=max(1, min(16, BLOCK // 256)), **pdl_args(x0))
+                               BLOCK=BLOCK, EARLY=early, num_warps=WARPS or max(1, min(16, BLOCK // 256)),
+                               **pdl_args(x0))
     view = lambda t: None if t is None else t.view(shape)  # noqa: E731
     return view(out), view(norm), view(new_p)
 

@@ -10,10 +10,10 @@ in-kernel (E2M1 nibbles, low = even column, E8M0 block scales).
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kestrel.ops import pdl_args
 from kestrel.ops.triton_utils import act as _act, pdl_prologue
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 GEMV_MAX_PAIRS = 64
 # GEMV tiles: rows of the gate/up projection per program (fewer / at least 8 pairs), rows of the down projection
