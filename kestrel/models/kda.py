@@ -74,9 +74,7 @@ class KDAMixer(nn.Module):
         self._fused_conv = (buf.squeeze(1), [c.weight.data_ptr() for c in self._convs()])
 
     def _project(self, x: torch.Tensor):
-        """mixed [T, 3HK], raw gate [T, H, K], beta's logits [T, H], the output gate's input projection, and whether
-        the last launch (raw gate's projection) let its dependents start only after its own wait (late_trigger:
-        then the decode kernels may read the rest before they wait)."""
+        """mixed [T, 3HK], raw gate [T, H, K], beta's logits [T, H] and the output gate's input projection."""
         T, H, K = x.shape[0], self.num_heads, self.head_dim
         fused = getattr(self, "_fused", None)
         if fused is not None and fused.valid():
@@ -84,10 +82,8 @@ class KDAMixer(nn.Module):
             mixed = torch.cat([q, k, v], dim=-1) if x.requires_grad else fused_slice(q, v)
             up = getattr(self, "_fused_up", None)
             if up is not None and up.valid() and not x.requires_grad:
-                gate, raw_gate = up(fused_slice(gate, fa), late_trigger=True)
-                return mixed, raw_gate.view(T, H, K), b, gate, True
-            if hasattr(self, "g_proj"):
-                return mixed, self.f_b_proj(fa, late_trigger=True).view(T, H, K), b, gate, True
+                gate, raw_gate = up(fused_slice(gate, fa))
+                return mixed, raw_gate.view(T, H, K), b, gate
         else:
             mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
             fa, b, gate = self.f_a_proj(x), self.b_proj(x), None
@@ -96,14 +92,14 @@ class KDAMixer(nn.Module):
             gate = self.output_gate(x)
         elif not hasattr(self, "g_proj"):
             gate = self.g_b_proj(gate)
-        return mixed, raw_gate, b, gate, False
+        return mixed, raw_gate, b, gate
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """x: the normalised mixer input [T, D]."""
         T, H, K = x.shape[0], self.num_heads, self.head_dim
-        mixed, raw_gate, b, gate, late = self._project(x)  # beta = sigmoid(b): inside the decode / verify kernels
+        mixed, raw_gate, b, gate = self._project(x)  # beta = sigmoid(b): inside the decode and verify kernels
         if fb.mode == ForwardMode.DECODE and fb.mem is not None:
-            o = self._decode(mixed, raw_gate, b, fb, early=late)
+            o = self._decode(mixed, raw_gate, b, fb)
         elif fb.mode == ForwardMode.EXTEND and (split := fb.split_decode_rows()) is not None:
             # a mixed batch: decode rows through the decode kernel, prefill rows through the chunked path
             o = torch.empty(T, H, self.head_dim, dtype=mixed.dtype, device=mixed.device)
@@ -189,10 +185,10 @@ class KDAMixer(nn.Module):
         fb.replay[self.layer_id] = rec
         return o.view(B * L, *o.shape[2:])
 
-    def _decode(self, mixed, raw_gate, b, fb, early: bool = False):
+    def _decode(self, mixed, raw_gate, b, fb):
         return kda_ops.decode(mixed, self.conv_weight(), fb.mem.conv_state(self.layer_id),
                               fb.mem.ssm_state(self.layer_id), fb.state_slots, raw_gate, self.A_log, self.dt_bias,
-                              self.lower_bound, b, self.head_dim**-0.5, beta_logits=True, early=early)
+                              self.lower_bound, b, self.head_dim**-0.5, beta_logits=True)
 
 
 def fused_slice(first: torch.Tensor, last: torch.Tensor) -> torch.Tensor:

@@ -107,10 +107,6 @@ def test_kda_decode(dtype, lower_bound, logits):
     o1 = R.kda_decode(mixed, cw, c1, s1, slots, raw, A, dtb, lower_bound, beta, Kd**-0.5, logits)
     o2 = K.kda_decode(mixed, cw, c2, s2, slots, raw, A, dtb, lower_bound, beta, Kd**-0.5, logits)
     assert rel(o2, o1) < TOL[dtype] and rel(s2, s1) < STATE_TOL[dtype] and rel(c2, c1) < TOL[dtype]
-    # reading the inputs and the state before the wait (after a late-trigger projection) computes the same
-    c3, s3 = conv.clone(), ssm.clone()
-    o3 = K.kda_decode(mixed, cw, c3, s3, slots, raw, A, dtb, lower_bound, beta, Kd**-0.5, logits, early=True)
-    assert torch.equal(o3, o2) and torch.equal(s3, s2) and torch.equal(c3, c2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -103,5 +103,5 @@ class StackedLinears(FusedLinears):
         assert all(l.out_features == linears[0].out_features for l in linears)
         super().__init__(*linears)
 
-    def __call__(self, x: torch.Tensor, late_trigger: bool = False) -> list[torch.Tensor]:
-        return linear_ops.linear_stacked(x, self.weight, len(self.linears), late_trigger)
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return linear_ops.linear_stacked(x, self.weight, len(self.linears))

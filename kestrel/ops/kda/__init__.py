@@ -16,26 +16,17 @@ def chunked(q, k, v, g, beta, **kw):
     return fn(q, k, v, g, beta, **kw)
 
 
-# off: the decode kernels wait before reading anything (the decode ladder's "before" stage)
-EARLY_DECODE = True
-
-
 def decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale,
-           beta_logits: bool = False, early: bool = False):
+           beta_logits: bool = False):
     """One decode token per sequence: conv tail update, SiLU, L2 norm, gates, recurrence; in place on the slots.
 
     mixed [B, 3HK] (q, k, v projections); conv_weight [3HK, W]; conv_state [S, W - 1, 3HK]; ssm [S, H, K, V];
     slots [B]; raw_gate [B, H, K] (gate bottleneck output); beta [B, H], or with beta_logits its logits b
     (beta = sigmoid(b) in the state dtype, computed inside the kernel on GPU). Returns o [B, H, V] in v's dtype.
-    early (GPU, programmatic dependent launch): raw_gate's producer launched its dependents only after its own wait,
-    so the kernels read everything else before they wait (see triton.kda_decode).
     """
-    fn = kernel(__name__ + ".triton", "kda_decode", mixed)
-    if fn is None:
-        return reference.kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound,
-                                    beta, scale, beta_logits)
+    fn = kernel(__name__ + ".triton", "kda_decode", mixed) or reference.kda_decode
     return fn(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale,
-              beta_logits, early and EARLY_DECODE)
+              beta_logits)
 
 
 def verify(x, raw_gate, beta, lens, conv_weight, conv_state, ssm, slots, A_log, dt_bias, lower_bound, scale,

@@ -16,7 +16,6 @@ dtype, q and k cast back after the L2 norm).
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kestrel.ops import pdl_args
 from kestrel.ops.triton_utils import pdl_prologue
@@ -93,16 +92,11 @@ def _delta_update(S, k, v, g, beta):
 def _kda_prep_kernel(x_ptr, w_ptr, conv_ptr, slots_ptr, raw_ptr, alog_ptr, dtb_ptr, q_ptr, k_ptr, v_ptr, g_ptr,
                      blog_ptr, beta_ptr, H, stride_xb, stride_conv, stride_blog, lower_bound, scale, L,
                      K: tl.constexpr, V: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, SAFE_GATE: tl.constexpr,
-                     WRITE_TAIL: tl.constexpr, BETA_LOGITS: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
+                     WRITE_TAIL: tl.constexpr, BETA_LOGITS: tl.constexpr, PDL: tl.constexpr):
     """Step t of block b, head h: conv window rows t .. t + W - 1 of [tail, x_b], SiLU, L2 norm, gate. Writes q
     (scaled, fp32), k, v (activation dtype) and g (fp32) of the step; WRITE_TAIL (decode, L = 1) shifts the tail;
-    BETA_LOGITS: beta = sigmoid(logit) (fp32) of the step and head too. EARLY (the decode step after a late-trigger
-    gate projection: every kernel before it has finished): the conv, SiLU and L2 norms run before the wait, only
-    the gate (raw_gate, the kernel right before) after; dependents then launch after the wait (see kda_decode)."""
-    if PDL:
-        if not EARLY:
-            gdc_launch_dependents()
-            gdc_wait()
+    BETA_LOGITS: beta = sigmoid(logit) (fp32) of the step and head too."""
+    pdl_prologue(PDL)
     bt = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     b = bt // L
@@ -121,9 +115,6 @@ def _kda_prep_kernel(x_ptr, w_ptr, conv_ptr, slots_ptr, raw_ptr, alog_ptr, dtb_p
     q = _l2norm_round(_conv_silu(qw, w_ptr, h * K + rk, W, BW, dt), 1e-6, dt) * scale
     k = _l2norm_round(_conv_silu(kw, w_ptr, H * K + h * K + rk, W, BW, dt), 1e-6, dt)
     v = _conv_silu(vw, w_ptr, 2 * H * K + h * V + rv, W, BW, dt)
-    if PDL and EARLY:
-        gdc_wait()
-        gdc_launch_dependents()
     row = bt * H + h
     g = _gate(raw_ptr + row * K, dtb_ptr, alog_ptr, h, rk, K, lower_bound, SAFE_GATE)
     tl.store(q_ptr + row * K + rk, q)
@@ -143,15 +134,11 @@ def _kda_prep_kernel(x_ptr, w_ptr, conv_ptr, slots_ptr, raw_ptr, alog_ptr, dtb_p
 def _kda_recur_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slots_ptr, n_ptr, snap_n_ptr, snap_slot_ptr,
                       H, stride_ssm, L: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
                       ALL_STEPS: tl.constexpr, HAS_OUT: tl.constexpr, WRITE_STATE: tl.constexpr,
-                      HAS_SNAP: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
+                      HAS_SNAP: tl.constexpr, PDL: tl.constexpr):
     """The recurrence of block b, head h, columns [vb * BV, (vb + 1) * BV) over its first n[b] stored steps (all L
     with ALL_STEPS), from its state slot. HAS_OUT writes o per step; WRITE_STATE writes the state back; HAS_SNAP
-    also stores the state after snap_n[b] steps into slot snap_slot[b]. EARLY (after a late-trigger prep kernel):
-    the state tile is loaded before the wait (nothing in flight writes it)."""
-    if PDL:
-        gdc_launch_dependents()
-        if not EARLY:
-            gdc_wait()
+    also stores the state after snap_n[b] steps into slot snap_slot[b]."""
+    pdl_prologue(PDL)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     vb = tl.program_id(2)
@@ -160,8 +147,6 @@ def _kda_recur_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slot
     rv = vb * BV + tl.arange(0, BV)
     tile = h * K * V + rk[:, None] * V + rv[None, :]
     S = tl.load(ssm_ptr + slot * stride_ssm + tile)
-    if PDL and EARLY:
-        gdc_wait()
     n = L
     if not ALL_STEPS:
         n = tl.load(n_ptr + b)
@@ -232,7 +217,7 @@ def _device_ints(v, device) -> torch.Tensor:
 
 
 def _launch_prep(x, conv_weight, conv_state, slots, raw_gate, A_log, dt_bias, lower_bound, scale, H, K, V,
-                 write_tail: bool, beta_logits: torch.Tensor | None = None, early: bool = False):
+                 write_tail: bool, beta_logits: torch.Tensor | None = None):
     """(q, k, v, g, beta): beta [B, L, H] fp32 from beta_logits ([B * L, H], rows may be strided), else None."""
     B, L, C = x.shape
     assert x.stride(2) == 1 and (L == 1 or x.stride(1) == C), "a block's steps must be contiguous rows"
@@ -253,7 +238,7 @@ def _launch_prep(x, conv_weight, conv_state, slots, raw_gate, A_log, dt_bias, lo
             conv_state.stride(0), beta_logits.stride(0) if beta is not None else 0,
             0.0 if lower_bound is None else float(lower_bound), float(scale), L=L, K=K, V=V, W=W,
             BW=triton.next_power_of_2(W), SAFE_GATE=lower_bound is not None, WRITE_TAIL=write_tail,
-            BETA_LOGITS=beta is not None, EARLY=early, num_warps=4, **pdl_args(x))
+            BETA_LOGITS=beta is not None, num_warps=4, **pdl_args(x))
     return q, k, v, g, beta
 
 
@@ -265,7 +250,7 @@ def _logits(beta: torch.Tensor, is_logits: bool) -> torch.Tensor | None:
     return b if b.stride(-1) == 1 else b.contiguous()
 
 
-def _launch_recur(q, k, v, g, beta, o, ssm, slots, n, snaps, write_state: bool, early: bool = False):
+def _launch_recur(q, k, v, g, beta, o, ssm, slots, n, snaps, write_state: bool):
     B, L, H, K = k.shape
     V = v.shape[-1]
     BV = min(RECUR_BV, V)
@@ -277,14 +262,12 @@ def _launch_recur(q, k, v, g, beta, o, ssm, slots, n, snaps, write_state: bool, 
             q if q is not None else k, k, v, g, beta, o if o is not None else v, ssm, slots,
             n if n is not None else slots, snap_n, snap_slot, H, ssm.stride(0), L=L, K=K, V=V, BV=BV,
             ALL_STEPS=n is None, HAS_OUT=o is not None, WRITE_STATE=write_state, HAS_SNAP=snaps is not None,
-            EARLY=early, num_warps=4, **pdl_args(k))
+            num_warps=4, **pdl_args(k))
 
 
 def kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale,
-               beta_logits: bool = False, early: bool = False):
-    """See kestrel.ops.kda.decode. fp64 inputs go to the reference. early: the caller launched raw_gate's
-    projection with late_trigger (every kernel before it has finished when the prep kernel starts): the prep kernel
-    runs its conv and norms before waiting for raw_gate, and the recurrence loads its state before waiting."""
+               beta_logits: bool = False):
+    """See kestrel.ops.kda.decode. fp64 inputs go to the reference."""
     if mixed.dtype == torch.float64:
         from kestrel.ops.kda.reference import kda_decode as ref
         return ref(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale,
@@ -293,10 +276,9 @@ def kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_b
     H, K, V = _checked(mixed, conv_state, ssm)
     x = (mixed if mixed.stride(-1) == 1 else mixed.contiguous()).unsqueeze(1)  # rows may be strided
     q, k, v, g, b = _launch_prep(x, conv_weight, conv_state, slots, raw_gate, A_log, dt_bias, lower_bound, scale,
-                                 H, K, V, write_tail=True, beta_logits=_logits(beta, beta_logits), early=early)
+                                 H, K, V, write_tail=True, beta_logits=_logits(beta, beta_logits))
     o = torch.empty(B, 1, H, V, dtype=mixed.dtype, device=mixed.device)
-    _launch_recur(q, k, v, g, b if b is not None else beta.contiguous(), o, ssm, slots, None, None, write_state=True,
-                  early=early)
+    _launch_recur(q, k, v, g, b if b is not None else beta.contiguous(), o, ssm, slots, None, None, write_state=True)
     return o.view(B, H, V)
 
 

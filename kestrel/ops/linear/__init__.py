@@ -74,17 +74,14 @@ def linear_with(pro: Prologue, weight: torch.Tensor, add: torch.Tensor | None = 
     return linear(pro.apply(), weight, add, late_trigger)
 
 
-def linear_stacked(x: torch.Tensor, weight: torch.Tensor, groups: int,
-                   late_trigger: bool = False) -> list[torch.Tensor]:
+def linear_stacked(x: torch.Tensor, weight: torch.Tensor, groups: int) -> list[torch.Tensor]:
     """`groups` linear layers of equal shape stacked in one weight [groups * N, K], layer j reading columns
     [j K, (j + 1) K) of x [M, groups * K] (rows may be strided): the list of the layers' outputs [M, N], from one
-    launch where the one-row GEMV serves the call (late_trigger: see linear, for the last launch)."""
+    launch where the one-row GEMV serves the call."""
     N, K = weight.shape[0] // groups, weight.shape[1]
     if (x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_M and x.dtype == weight.dtype != torch.float64
             and weight.is_contiguous() and x.stride(-1) == 1 and N % 8 == 0):
         fn = kernel(__name__ + ".triton", "linear", x)
         if fn is not None:
-            return list(fn(x, weight, groups=groups, late_trigger=late_trigger).split(N, dim=-1))
-    last = groups - 1
-    return [linear(x[:, j * K : (j + 1) * K], weight[j * N : (j + 1) * N], late_trigger=late_trigger and j == last)
-            for j in range(groups)]
+            return list(fn(x, weight, groups=groups).split(N, dim=-1))
+    return [linear(x[:, j * K : (j + 1) * K], weight[j * N : (j + 1) * N]) for j in range(groups)]
