@@ -183,7 +183,7 @@ def main() -> None:
                               f"(verify {ver / n * 1e3:.2f}), elapsed {elapsed:.2f} s", flush=True)
                     if key == "planned":
                         g = spec.runner.spec.guard
-                        print(f"      guard rates (tok/s, planned / whole): "
+                        print("      guard rates (tok/s, planned / whole): "
                               + ", ".join(f"{bk}: {r.get(True, 0):.0f} / {r.get(False, 0):.0f}"
                                           for bk, r in sorted(g.rate.items())), flush=True)
             res = {k: statistics.median(v) for k, v in runs.items()}
