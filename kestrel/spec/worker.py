@@ -52,6 +52,7 @@ class SpecWorker:
         # per batch bucket: what planning adds to a step (drafting with the confidence head, the plan itself),
         # measured with the profile; where pruning every draft would save less than this, no step plans
         self.plan_cost: dict[int, float] = {}
+        self._step_profile: tuple[object, StepProfile | None] = (None, None)  # (profile key, its StepProfile)
         # per batch bucket: seconds an engine iteration spends outside the target's verify forward (EMA): drafting,
         # acceptance, fold, and the scheduler's own work between two steps. The planner adds it to every plan's cost.
         self.overhead: dict[int, float] = {}
@@ -273,7 +274,7 @@ class SpecWorker:
     def _plan(self, confidence: torch.Tensor, max_drafts: list[int]) -> list[int]:
         self._profiled(len(max_drafts))
         key = (id(self.profile), tuple(self.profile))
-        if getattr(self, "_step_profile", (None,))[0] != key:  # built once per measured profile (host time a step)
+        if self._step_profile[0] != key:  # built once per measured profile (host time a step)
             self._step_profile = (key, StepProfile(self.profile))
         planner = VerifyPlanner(self._step_profile[1], PLANNER_MIN_BATCH,
                                 fixed=self.overhead.get(self._bucket(len(max_drafts)), 0.0))

@@ -13,6 +13,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kestrel.ops import pdl_args
+from kestrel.ops.linear import triton as gemv
 from kestrel.ops.triton_utils import act as _act, pdl_prologue
 
 GEMV_MAX_PAIRS = 64
@@ -21,8 +22,6 @@ GEMV_MAX_PAIRS = 64
 # chosen experts at 1.70 TB/s against 1.41 for (8, 4)
 GEMV_UP_ROWS = (4, 4)
 GEMV_DOWN_ROWS = 2
-# the largest weight tile (elements) a GEMV program loads whole before it waits for its input (ids_ready)
-PREFETCH_MAX = 16384
 
 
 @triton.jit
@@ -285,9 +284,9 @@ def moe_experts(x, experts_weights, weights, ids, act, ids_ready: bool = False, 
     if NP <= GEMV_MAX_PAIRS:
         BI, BN = GEMV_UP_ROWS[NP >= 8], GEMV_DOWN_ROWS
         DP, IP = triton.next_power_of_2(D), triton.next_power_of_2(I)
-        # whole tiles loaded before the wait only where they fit in registers
-        up_early = ids_ready and BI * DP <= PREFETCH_MAX // 2
-        down_early = ids_ready and not q and TOPK & (TOPK - 1) == 0 and TOPK * BN * IP <= PREFETCH_MAX
+        # tiles loaded whole before the wait only within the one-row GEMV's register budget (its PREFETCH_MAX)
+        up_early = ids_ready and BI * DP <= gemv.PREFETCH_MAX // 2
+        down_early = ids_ready and not q and TOPK & (TOPK - 1) == 0 and TOPK * BN * IP <= gemv.PREFETCH_MAX
         _gemv_up_kernel[(NP, triton.cdiv(I, BI))](x, ids, w1, s1, w3, s3, h, D, I, TOPK, act.beta, act.linear_beta,
                                                  BI=BI, BK=DP if up_early else min(512, DP), QUANT=q, SITU=situ,
                                                  IDS_READY=up_early, num_warps=4, **pdl_args(x))
