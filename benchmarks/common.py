@@ -1,6 +1,5 @@
 """Shared helpers for the GPU benchmarks: timing, the copy-bandwidth ceiling, fast random init on the device."""
 
-import math
 import statistics
 import time
 
@@ -61,3 +60,47 @@ class Log:
 
 def stamp() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def cuda_events(step, steps: int):
+    """The profiler's events over `steps` calls of step (after one untraced call)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    return prof.events()
+
+
+def kernel_time(step, steps: int = 5) -> float:
+    """Seconds of GPU kernel time per call of step (the profiler's sum over its kernels, launch gaps left out)."""
+    return sum(e.device_time for e in cuda_events(step, steps) if e.device_type.name == "CUDA") / steps / 1e6
+
+
+def host_time(step, iters: int = 10) -> float:
+    """Median host seconds to issue one call of step (the queue drained before each, nothing waited for after)."""
+    times = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def kernel_breakdown(step, log, steps: int = 3, top: int = 24, label: str = "decode"):
+    """GPU time per call of step by kernel name (eager: the kernels a graph of step would hold, without its gaps)."""
+    agg = {}
+    for e in cuda_events(step, steps):
+        if e.device_type.name == "CUDA":
+            n, t = agg.get(e.name, (0, 0.0))
+            agg[e.name] = (n + 1, t + e.device_time)
+    total = sum(t for _, t in agg.values()) / steps
+    launches = sum(n for n, _ in agg.values()) / steps
+    log(f"kernel time per call ({label}): {total:.0f} us in {launches:.0f} launches")
+    for name, (n, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:top]:
+        log(f"  {t / steps:8.1f} us  {n / steps:6.1f}x  {name[:90]}")

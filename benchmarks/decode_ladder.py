@@ -20,7 +20,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import Log, copy_bandwidth, cuda_time, stamp  # noqa: E402
+from benchmarks.common import Log, copy_bandwidth, cuda_events, cuda_time, kernel_breakdown, stamp  # noqa: E402
 from kestrel.models.presets import init_random  # noqa: E402
 from kestrel.engine.cuda_graph import DecodeGraphRunner  # noqa: E402
 from kestrel.mem.pools import KVPool, Memory, StatePool  # noqa: E402
@@ -211,33 +211,6 @@ def verify_step(cfg, model, setup, args, log, block: int = 8):
     log(f"verify step, CUDA graph, batch 1, block {block}: {t * 1e3:.3f} ms")
     kernel_breakdown(lambda: model(fb), log, top=10, label=f"verify block {block}")
     del runner
-
-
-def cuda_events(step, steps: int):
-    """The profiler's events over `steps` calls of step (after one untraced call)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    return prof.events()
-
-
-def kernel_breakdown(step, log, steps: int = 3, top: int = 24, label: str = "decode"):
-    """GPU time per decode step by kernel name (eager, so the kernels are the graph's kernels without the gaps)."""
-    agg = {}
-    for e in cuda_events(step, steps):
-        if e.device_type.name == "CUDA":
-            n, t = agg.get(e.name, (0, 0.0))
-            agg[e.name] = (n + 1, t + e.device_time)
-    total = sum(t for _, t in agg.values()) / steps
-    launches = sum(n for n, _ in agg.values()) / steps
-    log(f"kernel time per step ({label}, eager, fused): {total:.0f} us in {launches:.0f} launches")
-    for name, (n, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:top]:
-        log(f"  {t / steps:8.1f} us  {n / steps:6.1f}x  {name[:90]}")
 
 
 def tile_sweep(captured, fb, log):

@@ -11,7 +11,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import Log, cuda_time, graph_time, stamp  # noqa: E402
+from benchmarks.common import Log, cuda_time, graph_time, host_time, kernel_breakdown, kernel_time, stamp  # noqa: E402
 from kestrel.ops.kda import reference as kref  # noqa: E402
 from kestrel.ops.kda import triton as kda_t  # noqa: E402
 from kestrel.ops.mla import triton as mla_t  # noqa: E402
@@ -34,7 +34,50 @@ def rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
-def bench_chunk(log, fla, quick, heads=(16, 32, 96)):
+CHUNK_SWEEP = [{"inverse_tf32": False}, {"intra_warps": 2}, {"intra_bk": 32}, {"wy_cols": 128}, {"wy_warps": 2},
+               {"rec_bv": 128, "rec_bv_small": 64}, {"rec_stages": 3}]
+
+
+def chunk_sweep(log, run):
+    """GPU kernel time of run under each CHUNK_SWEEP change to kda_chunked's launch shapes (one at a time; kernel
+    time, so the host's share of the wall time does not blur the comparison), and how far its output moves from
+    the defaults'; defaults restored after each."""
+    from kestrel.ops.kda import triton_chunk as tc
+    base = dict(tc.TILES)
+    t0 = kernel_time(run)
+    o0 = run()[0]
+    log(f"  chunk sweep (kernel time): defaults {base}: {t0 * 1e6:.1f} us")
+    for change in CHUNK_SWEEP:
+        tc.TILES.update(change)
+        try:
+            t = kernel_time(run)
+            log(f"  chunk sweep (kernel time): {change}: {t * 1e6:.1f} us ({t0 / t:.3f}x the defaults; "
+                f"output vs the defaults' {rel(run()[0], o0):.1e})")
+        except Exception as e:
+            log(f"  chunk sweep: {change} failed: {type(e).__name__}: {str(e)[:100]}")
+        tc.TILES.clear()
+        tc.TILES.update(base)
+
+
+def host_profile(log, run, top: int = 12):
+    """Where the host's time to issue run goes (cProfile over 20 calls, by own time)."""
+    import cProfile
+    import io
+    import pstats
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(20):
+        run()
+    pr.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(top)
+    for line in buf.getvalue().splitlines():
+        if line.strip():
+            log("  host | " + line)
+
+
+def bench_chunk(log, fla, quick, heads=(16, 32, 96), sweep=False):
     lens = [1000, 3000, 192, 4000]  # T = 8192, varlen
     cu = [0]
     for L in lens:
@@ -50,6 +93,13 @@ def bench_chunk(log, fla, quick, heads=(16, 32, 96)):
         h0 = torch.randn(N, H, K, V, device="cuda") * 0.1
         ours = cuda_time(lambda: kda_t.kda_chunked(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0), iters=10)
         o, f = kda_t.kda_chunked(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0)
+        kernel_breakdown(lambda: kda_t.kda_chunked(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0), log,
+                         label=f"kda_chunked H={H}")
+        run_ours = lambda: kda_t.kda_chunked(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0)  # noqa: E731
+        log(f"kda_chunked H={H}: wall {ours * 1e6:.1f} us, host issue {host_time(run_ours) * 1e6:.1f} us")
+        if sweep:
+            chunk_sweep(log, run_ours)
+            host_profile(log, run_ours)
         other, note = None, ""
         if fla is not None:
             cu_t = torch.tensor(cu, device="cuda", dtype=torch.long)
@@ -61,6 +111,8 @@ def bench_chunk(log, fla, quick, heads=(16, 32, 96)):
                 try:
                     t = cuda_time(run, iters=10)
                     fo, ff = run()
+                    kernel_breakdown(run, log, label=f"fla chunk_kda safe_gate={safe} H={H}")
+                    log(f"fla safe_gate={safe} H={H}: wall {t * 1e6:.1f} us, host issue {host_time(run) * 1e6:.1f} us")
                     note += f" fla{'(safe_gate)' if safe else ''} {t * 1e6:.0f}us, o vs fla {rel(o, fo[0]):.1e};"
                     other = t if other is None else min(other, t)
                 except Exception as e:
@@ -244,19 +296,22 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sections", default="mla,moe,decode,chunk")
     ap.add_argument("--heads", default="16,32,96", help="KDA chunk head counts")
+    ap.add_argument("--chunk-sweep", action="store_true", help="also time kda_chunked's other launch shapes")
+    ap.add_argument("--no-fla", action="store_true", help="leave flash-linear-attention out (it autotunes for minutes)")
     args = ap.parse_args()
     log = Log(os.path.join(args.out, "kernels.log") if args.out else None)
     log(f"# kernels {stamp()} on {torch.cuda.get_device_name()} torch {torch.__version__}")
+    fla = None
     try:
-        import fla.ops.kda as fla
+        if not args.no_fla:
+            import fla.ops.kda as fla
     except Exception as e:
         log(f"flash-linear-attention unavailable: {e}")
-        fla = None
     heads = [int(h) for h in args.heads.split(",")]
     sections = {"gemv": lambda: bench_gemv(log), "cold": lambda: bench_cold(log), "splits": lambda: bench_mla_splits(log),
                 "mla": lambda: bench_mla(log, args.quick), "moe": lambda: bench_moe(log, args.quick),
                 "decode": lambda: bench_decode(log, fla, args.quick),
-                "chunk": lambda: bench_chunk(log, fla, args.quick, heads)}
+                "chunk": lambda: bench_chunk(log, fla, args.quick, heads, args.chunk_sweep)}
     for name in args.sections.split(","):
         fn = sections[name]
         try:

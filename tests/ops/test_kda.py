@@ -137,3 +137,30 @@ def test_decode_in_place_on_consecutive_slots_equals_gather_scatter(dtype):
         out[layout] = (o, conv[slots], ssm[slots])
     assert all(torch.equal(a, b) for a, b in zip(out["view"], out["gather"]))
     assert not torch.equal(out["view"][2], ssm0)  # the states did advance
+
+
+def test_chunk_table_covers_every_row_once_in_aligned_chunks():
+    from kestrel.ops.kda.layout import chunk_table
+    rng = torch.Generator().manual_seed(0)
+    C = 64
+    for _ in range(100):
+        N = int(torch.randint(1, 6, (1,), generator=rng))
+        lens = torch.randint(0, 300, (N,), generator=rng).tolist()
+        starts = torch.randint(0, 500, (N,), generator=rng).tolist()
+        cu = [0]
+        for L in lens:
+            cu.append(cu[-1] + L)
+        tab, offsets = chunk_table(cu, starts, C)
+        NC = offsets[-1]
+        assert tab.dtype.name == "int32" and len(tab) == 4 * NC + N + 1 and tab[4 * NC :].tolist() == offsets
+        seen = torch.zeros(cu[-1], dtype=torch.long)
+        for i in range(N):
+            assert offsets[i + 1] - offsets[i] == -(-(starts[i] % C + lens[i]) // C)
+            for c in range(offsets[i], offsets[i + 1]):
+                seq, first, lo, hi = tab[4 * c : 4 * c + 4].tolist()
+                assert (seq, lo, hi) == (i, cu[i], cu[i + 1])
+                assert (starts[i] + first - cu[i]) % C == 0  # the chunk starts at an absolute multiple of C
+                rows = range(max(first, lo), min(first + C, hi))
+                assert len(rows) > 0
+                seen[list(rows)] += 1
+        assert bool((seen == 1).all())
