@@ -49,6 +49,13 @@ def _inv_unit_lower(a, PREC: tl.constexpr):
 
 
 @triton.jit
+def _chunk_rows(info_ptr, c):
+    """Chunk c's first row (packed index) and its sequence's valid rows [lo, hi), from the host's table."""
+    row = info_ptr + c * 4
+    return tl.load(row + 1).to(tl.int64), tl.load(row + 2).to(tl.int64), tl.load(row + 3).to(tl.int64)
+
+
+@triton.jit
 def _block(q_ptr, k_ptr, g_ptr, tok0, lo, hi, h, H, K: tl.constexpr, I: tl.constexpr, cols, carry):
     """Rows of 16-row block I over columns cols: q, k, cumulative gates (carry = the gate sum before the block),
     and the gate sum after the block."""
@@ -95,9 +102,7 @@ def _intra_kernel(q_ptr, k_ptr, g_ptr, b_ptr, info_ptr, aqk_ptr, ainv_ptr, H, sc
     blocks use their middle row (see _diag)."""
     c = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
-    t0 = tl.load(info_ptr + c * 4 + 1).to(tl.int64)
-    lo = tl.load(info_ptr + c * 4 + 2).to(tl.int64)
-    hi = tl.load(info_ptr + c * 4 + 3).to(tl.int64)
+    t0, lo, hi = _chunk_rows(info_ptr, c)
     r16 = tl.arange(0, 16)
     z = tl.zeros([16, 16], tl.float32)
     q00, q11, q22, q33, q10, q20, q21, q30, q31, q32 = z, z, z, z, z, z, z, z, z, z
@@ -227,9 +232,7 @@ def _wy_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, info_ptr, ainv_ptr, w_ptr, u_p
     c = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     p = tl.program_id(2)
-    t0 = tl.load(info_ptr + c * 4 + 1).to(tl.int64)
-    lo = tl.load(info_ptr + c * 4 + 2).to(tl.int64)
-    hi = tl.load(info_ptr + c * 4 + 3).to(tl.int64)
+    t0, lo, hi = _chunk_rows(info_ptr, c)
     if p < K // BW:
         _wy_cols(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, ainv_ptr, w_ptr, qg_ptr, kg_ptr, gl_ptr, c, h, t0, lo, hi, H,
                  scale, p * BW + tl.arange(0, BW), K, K, True, PREC)
@@ -293,9 +296,7 @@ def _output_kernel(qg_ptr, h_ptr, aqk_ptr, vn_ptr, info_ptr, o_ptr, H,
     c = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     vb = tl.program_id(2)
-    t0 = tl.load(info_ptr + c * 4 + 1).to(tl.int64)
-    lo = tl.load(info_ptr + c * 4 + 2).to(tl.int64)
-    hi = tl.load(info_ptr + c * 4 + 3).to(tl.int64)
+    t0, lo, hi = _chunk_rows(info_ptr, c)
     rk = tl.arange(0, K)
     rv = vb * BV + tl.arange(0, BV)
     r64 = tl.arange(0, 64)
