@@ -70,6 +70,13 @@ def _block(q_ptr, k_ptr, g_ptr, tok0, lo, hi, h, H, K: tl.constexpr, I: tl.const
 
 
 @triton.jit
+def _beta_rows(b_ptr, tok0, lo, hi, h, H, I: tl.constexpr):
+    """beta of 16-row block I as a [16, 1] column (0 outside the sequence)."""
+    tok = tok0 + I * 16 + tl.arange(0, 16)
+    return tl.load(b_ptr + tok * H + h, mask=(tok >= lo) & (tok < hi), other=0.0).to(tl.float32)[:, None]
+
+
+@triton.jit
 def _diag(q, k, gc, aqk, akk, PREC: tl.constexpr):
     """A diagonal block's products around the block's middle cumulative gate m (exponents <= 8 |g|, clamped)."""
     m = tl.sum(tl.where(tl.arange(0, 16)[:, None] == 7, gc, 0.0), 0)[None, :]
@@ -161,10 +168,10 @@ def _intra_kernel(q_ptr, k_ptr, g_ptr, b_ptr, info_ptr, aqk_ptr, ainv_ptr, H, sc
     _store_blk(aqk_ptr, cb, 2, 3, z)
     # A_kk rows times beta_i; strictly lower inside the diagonal blocks
     strict = r16[None, :] < r16[:, None]
-    b0 = tl.load(b_ptr + (t0 + r16) * H + h, mask=(t0 + r16 >= lo) & (t0 + r16 < hi), other=0.0)[:, None]
-    b1 = tl.load(b_ptr + (t0 + 16 + r16) * H + h, mask=(t0 + 16 + r16 >= lo) & (t0 + 16 + r16 < hi), other=0.0)[:, None]
-    b2 = tl.load(b_ptr + (t0 + 32 + r16) * H + h, mask=(t0 + 32 + r16 >= lo) & (t0 + 32 + r16 < hi), other=0.0)[:, None]
-    b3 = tl.load(b_ptr + (t0 + 48 + r16) * H + h, mask=(t0 + 48 + r16 >= lo) & (t0 + 48 + r16 < hi), other=0.0)[:, None]
+    b0 = _beta_rows(b_ptr, t0, lo, hi, h, H, 0)
+    b1 = _beta_rows(b_ptr, t0, lo, hi, h, H, 1)
+    b2 = _beta_rows(b_ptr, t0, lo, hi, h, H, 2)
+    b3 = _beta_rows(b_ptr, t0, lo, hi, h, H, 3)
     i0 = _inv_unit_lower(tl.where(strict, k00 * b0, 0.0), IPREC)
     i1 = _inv_unit_lower(tl.where(strict, k11 * b1, 0.0), IPREC)
     i2 = _inv_unit_lower(tl.where(strict, k22 * b2, 0.0), IPREC)
