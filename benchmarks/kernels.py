@@ -91,11 +91,12 @@ def bench_chunk(log, fla, quick, heads=(16, 32, 96), sweep=False):
         g = -5 * torch.rand(T, H, K, device="cuda")  # safe gates down to the bound
         beta = torch.rand(T, H, device="cuda")
         h0 = torch.randn(N, H, K, V, device="cuda") * 0.1
-        ours = cuda_time(lambda: kda_t.kda_chunked(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0), iters=10)
-        o, f = kda_t.kda_chunked(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0)
-        kernel_breakdown(lambda: kda_t.kda_chunked(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0), log,
-                         label=f"kda_chunked H={H}")
-        run_ours = lambda: kda_t.kda_chunked(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0)  # noqa: E731
+        def run_ours():
+            return kda_t.kda_chunked(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0)
+
+        ours = cuda_time(run_ours, iters=10)
+        o, f = run_ours()
+        kernel_breakdown(run_ours, log, label=f"kda_chunked H={H}")
         log(f"kda_chunked H={H}: wall {ours * 1e6:.1f} us, host issue {host_time(run_ours) * 1e6:.1f} us")
         if sweep:
             chunk_sweep(log, run_ours)

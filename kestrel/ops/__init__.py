@@ -62,9 +62,14 @@ def kernel(module: str, name: str, t: torch.Tensor):
 PDL = False
 
 
+def triton_interpreted() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1) instead of compiling them."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 @functools.cache
 def _pdl_device(index: int) -> bool:
-    return os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.get_device_capability(index)[0] >= 9
+    return not triton_interpreted() and torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def pdl(t: torch.Tensor) -> bool:

@@ -15,15 +15,14 @@ at e^80 and accuracy degrades gracefully instead of overflowing.
 """
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from kestrel.ops import triton_interpreted
 from kestrel.ops.kda.layout import chunk_table
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Launch shapes and one precision choice (benchmarks/kernels.py --chunk-sweep tries others): the intra kernel's
 # warps and K piece, and whether its 16 x 16 inverse products run in tf32 for bf16 inputs (else fp32); columns and
 # warps of the w / u0 kernel; the recurrence's value-block width (below 128 sequence-heads the narrower one, for
@@ -94,6 +93,18 @@ def _store_blk(ptr, cb, I: tl.constexpr, J: tl.constexpr, x):
 
 
 @triton.jit
+def _zero_upper(ptr, cb):
+    """Zeros in the six 16 x 16 blocks above the diagonal blocks of a [64, 64] matrix (they are read whole)."""
+    z = tl.zeros([16, 16], tl.float32)
+    _store_blk(ptr, cb, 0, 1, z)
+    _store_blk(ptr, cb, 0, 2, z)
+    _store_blk(ptr, cb, 0, 3, z)
+    _store_blk(ptr, cb, 1, 2, z)
+    _store_blk(ptr, cb, 1, 3, z)
+    _store_blk(ptr, cb, 2, 3, z)
+
+
+@triton.jit
 def _dot(a, b, PREC: tl.constexpr):
     return tl.dot(a, b, input_precision=PREC)
 
@@ -120,7 +131,7 @@ def _intra_kernel(q_ptr, k_ptr, g_ptr, b_ptr, info_ptr, aqk_ptr, ainv_ptr, H, sc
         qa, ka, ga, c1 = _block(q_ptr, k_ptr, g_ptr, t0, lo, hi, h, H, K, 0, cols, c0)
         qb, kb_, gb, c2 = _block(q_ptr, k_ptr, g_ptr, t0, lo, hi, h, H, K, 1, cols, c1)
         qc, kc, gcc, c3 = _block(q_ptr, k_ptr, g_ptr, t0, lo, hi, h, H, K, 2, cols, c2)
-        qd, kd, gd, c4 = _block(q_ptr, k_ptr, g_ptr, t0, lo, hi, h, H, K, 3, cols, c3)
+        qd, kd, gd, _ = _block(q_ptr, k_ptr, g_ptr, t0, lo, hi, h, H, K, 3, cols, c3)
         q00, k00 = _diag(qa, ka, ga, q00, k00, PREC)
         q11, k11 = _diag(qb, kb_, gb, q11, k11, PREC)
         q22, k22 = _diag(qc, kc, gcc, q22, k22, PREC)
@@ -160,12 +171,7 @@ def _intra_kernel(q_ptr, k_ptr, g_ptr, b_ptr, info_ptr, aqk_ptr, ainv_ptr, H, sc
     _store_blk(aqk_ptr, cb, 3, 0, q30 * scale)
     _store_blk(aqk_ptr, cb, 3, 1, q31 * scale)
     _store_blk(aqk_ptr, cb, 3, 2, q32 * scale)
-    _store_blk(aqk_ptr, cb, 0, 1, z)
-    _store_blk(aqk_ptr, cb, 0, 2, z)
-    _store_blk(aqk_ptr, cb, 0, 3, z)
-    _store_blk(aqk_ptr, cb, 1, 2, z)
-    _store_blk(aqk_ptr, cb, 1, 3, z)
-    _store_blk(aqk_ptr, cb, 2, 3, z)
+    _zero_upper(aqk_ptr, cb)
     # A_kk rows times beta_i; strictly lower inside the diagonal blocks
     strict = r16[None, :] < r16[:, None]
     b0 = _beta_rows(b_ptr, t0, lo, hi, h, H, 0)
@@ -195,12 +201,7 @@ def _intra_kernel(q_ptr, k_ptr, g_ptr, b_ptr, info_ptr, aqk_ptr, ainv_ptr, H, sc
     _store_blk(ainv_ptr, cb, 3, 0, x30)
     _store_blk(ainv_ptr, cb, 3, 1, x31)
     _store_blk(ainv_ptr, cb, 3, 2, x32)
-    _store_blk(ainv_ptr, cb, 0, 1, z)
-    _store_blk(ainv_ptr, cb, 0, 2, z)
-    _store_blk(ainv_ptr, cb, 0, 3, z)
-    _store_blk(ainv_ptr, cb, 1, 2, z)
-    _store_blk(ainv_ptr, cb, 1, 3, z)
-    _store_blk(ainv_ptr, cb, 2, 3, z)
+    _zero_upper(ainv_ptr, cb)
 
 
 @triton.jit
@@ -367,7 +368,7 @@ def kda_chunked(q, k, v, g, beta, cu_seqlens=None, scale: float | None = None, i
         h0 = initial_state.to(f32).contiguous() if initial_state is not None else final
         _recurrence_kernel[(N, H, V // BV)](w, u0, kg, gl, h0, cs_t, hs, vn, final, states, H, K=K, V=V, BV=BV,
                                             HAS_H0=initial_state is not None, STATES=output_chunk_states,
-                                            PREC=prec, WHILE=INTERPRET, num_warps=4,
+                                            PREC=prec, WHILE=triton_interpreted(), num_warps=4,
                                             num_stages=TILES["rec_stages"])
         BVo = min(V, 64)
         _output_kernel[(NC, H, V // BVo)](qg, hs, aqk, vn, info_t, o, H, K=K, V=V, BV=BVo, PREC=prec, num_warps=4)
