@@ -75,9 +75,40 @@ def cuda_events(step, steps: int):
     return prof.events()
 
 
-def kernel_time(step, steps: int = 5) -> float:
-    """Seconds of GPU kernel time per call of step (the profiler's sum over its kernels, launch gaps left out)."""
-    return sum(e.device_time for e in cuda_events(step, steps) if e.device_type.name == "CUDA") / steps / 1e6
+def timeline(step, log, label: str, min_us: float = 4.0):
+    """One call of step under the profiler, on one clock from the call's start: when the host finished issuing it,
+    each host op of at least min_us and each GPU kernel or copy (start-end, us). The GPU's idle stretches show where
+    the host, not the kernels, sets the wall time."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with record_function("timeline_call"):
+            step()
+        torch.cuda.synchronize()
+    evs = [e for e in prof.events() if e.time_range.end > e.time_range.start]
+    call = next(e for e in evs if e.name == "timeline_call" and e.device_type.name == "CPU")
+    t0 = call.time_range.start
+
+    def span(e):
+        return f"{e.name[:28]} {e.time_range.start - t0:.0f}-{e.time_range.end - t0:.0f}"
+    host = [e for e in evs if e.device_type.name == "CPU" and e is not call and e.time_range.elapsed_us() >= min_us
+            and call.time_range.start <= e.time_range.start <= call.time_range.end]
+    gpu = [e for e in evs if e.device_type.name == "CUDA" and e.name != "timeline_call"]
+    log(f"timeline ({label}): host issue 0-{call.time_range.end - t0:.0f} us")
+    log("  host: " + ", ".join(span(e) for e in sorted(host, key=lambda e: e.time_range.start)[:30]))
+    log("  gpu:  " + ", ".join(span(e) for e in sorted(gpu, key=lambda e: e.time_range.start)))
+
+
+def kernel_times(step, steps: int = 5) -> dict:
+    """{kernel name: (launches, GPU microseconds)} per call of step, from the profiler."""
+    agg = {}
+    for e in cuda_events(step, steps):
+        if e.device_type.name == "CUDA":
+            n, t = agg.get(e.name, (0, 0.0))
+            agg[e.name] = (n + 1, t + e.device_time)
+    return {name: (n / steps, t / steps) for name, (n, t) in agg.items()}
 
 
 def host_time(step, iters: int = 10) -> float:
@@ -94,13 +125,9 @@ def host_time(step, iters: int = 10) -> float:
 
 def kernel_breakdown(step, log, steps: int = 3, top: int = 24, label: str = "decode"):
     """GPU time per call of step by kernel name (eager: the kernels a graph of step would hold, without its gaps)."""
-    agg = {}
-    for e in cuda_events(step, steps):
-        if e.device_type.name == "CUDA":
-            n, t = agg.get(e.name, (0, 0.0))
-            agg[e.name] = (n + 1, t + e.device_time)
-    total = sum(t for _, t in agg.values()) / steps
-    launches = sum(n for n, _ in agg.values()) / steps
+    agg = kernel_times(step, steps)
+    total = sum(t for _, t in agg.values())
+    launches = sum(n for n, _ in agg.values())
     log(f"kernel time per call ({label}): {total:.0f} us in {launches:.0f} launches")
     for name, (n, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:top]:
-        log(f"  {t / steps:8.1f} us  {n / steps:6.1f}x  {name[:90]}")
+        log(f"  {t:8.1f} us  {n:6.1f}x  {name[:90]}")

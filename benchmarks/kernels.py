@@ -11,7 +11,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import Log, cuda_time, graph_time, host_time, kernel_breakdown, kernel_time, stamp  # noqa: E402
+from benchmarks.common import (Log, cuda_time, graph_time, host_time, kernel_breakdown, kernel_times,  # noqa: E402
+                               stamp, timeline)
 from kestrel.ops.kda import reference as kref  # noqa: E402
 from kestrel.ops.kda import triton as kda_t  # noqa: E402
 from kestrel.ops.mla import triton as mla_t  # noqa: E402
@@ -34,25 +35,32 @@ def rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
-CHUNK_SWEEP = [{"inverse_tf32": False}, {"intra_warps": 2}, {"intra_bk": 32}, {"wy_cols": 128}, {"wy_warps": 2},
-               {"rec_bv": 128, "rec_bv_small": 64}, {"rec_stages": 3}]
+CHUNK_SWEEP = [{"gate_cols": 32}, {"gate_cols": 64}, {"diag_warps": 2}, {"intra_warps": 2}, {"ainv_low": False},
+               {"wy_warps": 2}, {"wy_split": 2}]
+
+
+def _per_kernel(times) -> str:
+    """'name us, ...' for our kernels (leading underscore and trailing _kernel dropped)."""
+    return ", ".join(f"{n.strip('_').removesuffix('_kernel')} {t:.0f}" for n, (_, t) in times.items())
 
 
 def chunk_sweep(log, run):
     """GPU kernel time of run under each CHUNK_SWEEP change to kda_chunked's launch shapes (one at a time; kernel
-    time, so the host's share of the wall time does not blur the comparison), and how far its output moves from
-    the defaults'; defaults restored after each."""
+    time, so the host's share of the wall time does not blur the comparison), per kernel, and how far its output
+    moves from the defaults'; defaults restored after each."""
     from kestrel.ops.kda import triton_chunk as tc
     base = dict(tc.TILES)
-    t0 = kernel_time(run)
+    k0 = kernel_times(run)
+    t0 = sum(t for _, t in k0.values())
     o0 = run()[0]
-    log(f"  chunk sweep (kernel time): defaults {base}: {t0 * 1e6:.1f} us")
+    log(f"  chunk sweep (kernel time): defaults {base}: {t0:.1f} us ({_per_kernel(k0)})")
     for change in CHUNK_SWEEP:
         tc.TILES.update(change)
         try:
-            t = kernel_time(run)
-            log(f"  chunk sweep (kernel time): {change}: {t * 1e6:.1f} us ({t0 / t:.3f}x the defaults; "
-                f"output vs the defaults' {rel(run()[0], o0):.1e})")
+            kt = kernel_times(run)
+            t = sum(t for _, t in kt.values())
+            log(f"  chunk sweep (kernel time): {change}: {t:.1f} us ({t0 / t:.3f}x the defaults; "
+                f"output vs the defaults' {rel(run()[0], o0):.1e}; {_per_kernel(kt)})")
         except Exception as e:
             log(f"  chunk sweep: {change} failed: {type(e).__name__}: {str(e)[:100]}")
         tc.TILES.clear()
@@ -83,6 +91,7 @@ def bench_chunk(log, fla, quick, heads=(16, 32, 96), sweep=False):
     for L in lens:
         cu.append(cu[-1] + L)
     T, N = cu[-1], len(lens)
+    timelines = []  # taken last: the CPU-side profiler slows the host's later launches
     for H in heads:
         K = V = 128
         q = kref.l2norm(torch.randn(T, H, K, device="cuda")).to(BF)
@@ -91,13 +100,14 @@ def bench_chunk(log, fla, quick, heads=(16, 32, 96), sweep=False):
         g = -5 * torch.rand(T, H, K, device="cuda")  # safe gates down to the bound
         beta = torch.rand(T, H, device="cuda")
         h0 = torch.randn(N, H, K, V, device="cuda") * 0.1
-        def run_ours():
+        def run_ours(q=q, k=k, v=v, g=g, beta=beta, h0=h0):  # bound now: timelines call it after the loop
             return kda_t.kda_chunked(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0)
 
         ours = cuda_time(run_ours, iters=10)
         o, f = run_ours()
         kernel_breakdown(run_ours, log, label=f"kda_chunked H={H}")
         log(f"kda_chunked H={H}: wall {ours * 1e6:.1f} us, host issue {host_time(run_ours) * 1e6:.1f} us")
+        timelines.append((f"kda_chunked H={H}", run_ours))
         if sweep:
             chunk_sweep(log, run_ours)
             host_profile(log, run_ours)
@@ -105,7 +115,7 @@ def bench_chunk(log, fla, quick, heads=(16, 32, 96), sweep=False):
         if fla is not None:
             cu_t = torch.tensor(cu, device="cuda", dtype=torch.long)
             for safe in (False, True):
-                def run():
+                def run(q=q, k=k, v=v, g=g, beta=beta, h0=h0, safe=safe):
                     return fla.chunk_kda(q[None], k[None], v[None], g[None], beta[None], scale=K**-0.5,
                                          initial_state=h0, output_final_state=True, cu_seqlens=cu_t, safe_gate=safe,
                                          lower_bound=-5.0 if safe else None)
@@ -114,11 +124,14 @@ def bench_chunk(log, fla, quick, heads=(16, 32, 96), sweep=False):
                     fo, ff = run()
                     kernel_breakdown(run, log, label=f"fla chunk_kda safe_gate={safe} H={H}")
                     log(f"fla safe_gate={safe} H={H}: wall {t * 1e6:.1f} us, host issue {host_time(run) * 1e6:.1f} us")
+                    timelines.append((f"fla safe_gate={safe} H={H}", run))
                     note += f" fla{'(safe_gate)' if safe else ''} {t * 1e6:.0f}us, o vs fla {rel(o, fo[0]):.1e};"
                     other = t if other is None else min(other, t)
                 except Exception as e:
                     note += f" fla safe={safe} failed: {type(e).__name__}: {str(e)[:80]};"
         row(log, "kda_chunked", f"T=8192 varlen({N}) H={H} K=V=128", ours, other, "fla chunk_kda(best)", note)
+    for label, run in timelines:
+        timeline(run, log, label)
 
 
 def bench_decode(log, fla, quick):

@@ -1,17 +1,19 @@
-"""Triton chunked KDA prefill (WY form over 64-token chunks aligned to absolute positions), in four launches:
+"""Triton chunked KDA prefill (WY form over 64-token chunks aligned to absolute positions), in five launches:
 
-1. intra (parallel over chunks x heads): A_qk and A_kk in 16 x 16 blocks, accumulated over pieces of K, then
-   (I + A_kk)^-1 from the diagonal blocks' inverses (product form) by block substitution. Off-diagonal blocks take
-   the gate sum before the row block as their reference, so every exponent there is <= 0; diagonal blocks take
-   their middle row (exponents <= 8 |g|), so a chunk of safe gates summing to -320 never overflows.
-2. w and u0 (parallel over chunks x heads x column blocks): X = (I + A_kk)^-1 [beta k exp(gc) | beta v] as one
-   product; the w programs also write q exp(gc), k exp(gc_last - gc) and gc_last.
-3. recurrence (sequential over a sequence's chunks, parallel over heads x value blocks): u = u0 - w S;
+1. diagonal blocks + gates (parallel over chunks x heads x programs): per 16-row block, A_qk's diagonal block and
+   the inverse (I + beta A_kk)^-1 of the block (product form), around the block's middle row (exponents <= 8 |g|);
+   beside them, gate programs over column pieces write q exp(gc), k exp(gc_last - gc), beta k exp(gc), gc_last.
+2. off-diagonal blocks (parallel over chunks x heads): A_qk's and A_kk's six 16 x 16 blocks below the diagonal,
+   accumulated over pieces of K with every exponent <= 0, then the whole (I + A_kk)^-1 by block substitution.
+3. w and u0 (parallel over chunks x heads): X = (I + A_kk)^-1 [beta k exp(gc) | beta v], the inverse read once.
+4. recurrence (sequential over a sequence's chunks, parallel over heads x value blocks): u = u0 - w S;
    S <- exp(gc_last) S + (k exp(gc_last - gc))^T u. Writes each chunk's starting state h and u.
-4. output (parallel): o = (scale q exp(gc)) h + A_qk u.
+5. output (parallel): o = (scale q exp(gc)) h + A_qk u.
 
-Exact for per-token gates >= -10 (twice the safe-gate bound): beyond that the diagonal blocks' factors are clamped
-at e^80 and accuracy degrades gracefully instead of overflowing.
+A chunk of safe gates summing to -320 never overflows. Exact for per-token gates >= -10 (twice the safe-gate
+bound): beyond that the diagonal blocks' factors are clamped at e^80 and accuracy degrades gracefully instead of
+overflowing. For bf16 / fp16 inputs (I + A_kk)^-1 is stored in that dtype (TILES["ainv_low"], as fla does: 1.13x
+on the whole call at H = 96, 3e-3 relative on the output).
 """
 
 import math
@@ -23,12 +25,14 @@ import triton.language as tl
 from kestrel.ops import triton_interpreted
 from kestrel.ops.kda.layout import chunk_table
 
-# Launch shapes and one precision choice (benchmarks/kernels.py --chunk-sweep tries others): the intra kernel's
-# warps and K piece, and whether its 16 x 16 inverse products run in tf32 for bf16 inputs (else fp32); columns and
-# warps of the w / u0 kernel; the recurrence's value-block width (below 128 sequence-heads the narrower one, for
-# more programs) and its pipeline depth.
-TILES = {"intra_warps": 4, "intra_bk": 16, "inverse_tf32": True, "wy_cols": 64, "wy_warps": 4, "rec_bv": 64,
-         "rec_bv_small": 32, "rec_stages": 2}
+# Launch shapes and precision choices (benchmarks/kernels.py --chunk-sweep tries others): warps of the diagonal
+# and off-diagonal kernels (one each measured fastest; with four, ncu showed the diagonal kernel bound by L1 /
+# shared-memory traffic at 86%), the off-diagonal kernel's K piece, the gate programs' columns, whether the 16 x 16
+# inverse products run in tf32 for bf16 inputs (else fp32) and whether the inverse is stored in the activations'
+# dtype; columns, split and warps of the w / u0 kernel; the recurrence's value-block width (below 128
+# sequence-heads the narrower one, for more programs) and its pipeline depth.
+TILES = {"diag_warps": 1, "intra_warps": 1, "intra_bk": 16, "gate_cols": 32, "inverse_tf32": True, "ainv_low": True,
+         "wy_cols": 64, "wy_warps": 4, "wy_split": 1, "wy_stages": 3, "rec_bv": 64, "rec_bv_small": 32, "rec_stages": 2}
 
 
 @triton.jit
@@ -55,41 +59,30 @@ def _chunk_rows(info_ptr, c):
 
 
 @triton.jit
-def _block(q_ptr, k_ptr, g_ptr, tok0, lo, hi, h, H, K: tl.constexpr, I: tl.constexpr, cols, carry):
-    """Rows of 16-row block I over columns cols: q, k, cumulative gates (carry = the gate sum before the block),
-    and the gate sum after the block."""
+def _tile(ptr, tok0, lo, hi, h, H, W: tl.constexpr, I, cols):
+    """Rows of 16-row block I of a [T, H, W] tensor over columns cols, in fp32 (0 outside the sequence)."""
     tok = tok0 + I * 16 + tl.arange(0, 16)
     ok = ((tok >= lo) & (tok < hi))[:, None]
-    idx = (tok[:, None] * H + h) * K + cols[None, :]
-    g = tl.load(g_ptr + idx, mask=ok, other=0.0).to(tl.float32)
-    gc = tl.cumsum(g, 0) + carry[None, :]
-    q = tl.load(q_ptr + idx, mask=ok, other=0.0).to(tl.float32)
-    k = tl.load(k_ptr + idx, mask=ok, other=0.0).to(tl.float32)
-    return q, k, gc, carry + tl.sum(g, 0)
+    return tl.load(ptr + (tok[:, None] * H + h) * W + cols[None, :], mask=ok, other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _beta_rows(b_ptr, tok0, lo, hi, h, H, I: tl.constexpr):
+def _beta_rows(b_ptr, tok0, lo, hi, h, H, I):
     """beta of 16-row block I as a [16, 1] column (0 outside the sequence)."""
     tok = tok0 + I * 16 + tl.arange(0, 16)
     return tl.load(b_ptr + tok * H + h, mask=(tok >= lo) & (tok < hi), other=0.0).to(tl.float32)[:, None]
 
 
 @triton.jit
-def _diag(q, k, gc, aqk, akk, PREC: tl.constexpr):
-    """A diagonal block's products around the block's middle cumulative gate m (exponents <= 8 |g|, clamped)."""
-    m = tl.sum(tl.where(tl.arange(0, 16)[:, None] == 7, gc, 0.0), 0)[None, :]
-    left = tl.exp(tl.minimum(gc - m, 80.0))
-    right = tl.trans(k * tl.exp(tl.minimum(m - gc, 80.0)))
-    aqk += tl.dot(q * left, right, input_precision=PREC)
-    akk += tl.dot(k * left, right, input_precision=PREC)
-    return aqk, akk
+def _blk(ptr, cb, I, J, W: tl.constexpr):
+    """Offsets of block (I, J) of the [64, W] matrix of chunk-head cb (W = 64, or 16 for the diagonal scratch)."""
+    r16 = tl.arange(0, 16)
+    return ptr + (cb + I * 16 + r16[:, None]) * W + J * 16 + r16[None, :]
 
 
 @triton.jit
-def _store_blk(ptr, cb, I: tl.constexpr, J: tl.constexpr, x):
-    r16 = tl.arange(0, 16)
-    tl.store(ptr + (cb + I * 16 + r16[:, None]) * 64 + J * 16 + r16[None, :], x.to(ptr.dtype.element_ty))
+def _store_blk(ptr, cb, I, J, x):
+    tl.store(_blk(ptr, cb, I, J, 64), x.to(ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -110,61 +103,123 @@ def _dot(a, b, PREC: tl.constexpr):
 
 
 @triton.jit
-def _intra_kernel(q_ptr, k_ptr, g_ptr, b_ptr, info_ptr, aqk_ptr, ainv_ptr, H, scale, K: tl.constexpr,
-                  BK: tl.constexpr, PREC: tl.constexpr, IPREC: tl.constexpr):
-    """One (chunk, head): A_qk and A_kk in 16x16 blocks, accumulated over BK-column pieces of K, then
-    (I + A_kk)^-1 assembled from the diagonal blocks' inverses.
+def _diag_block(q_ptr, k_ptr, g_ptr, b_ptr, aqk_ptr, dinv_ptr, c, blk, h, t0, lo, hi, H, scale, K: tl.constexpr,
+                PREC: tl.constexpr, IPREC: tl.constexpr):
+    """Diagonal block blk over all of K: its A_qk block (scaled, causal) into aqk, and (I + beta A_kk)^-1 of the
+    block (fp32) into the [64, 16] diagonal scratch.
 
-    Off-diagonal block (I, J < I) uses the gate sum before block I, c_I, as its reference: q_i exp(gc_i - c_I)
-    and k_j exp(c_{J+1} - gc_j) exp(c_I - c_{J+1}) all have exponents <= 0, so they cannot overflow; diagonal
-    blocks use their middle row (see _diag)."""
+    Only gate differences inside the block matter, so the cumulative gates start at the block; both factors take
+    the block's middle row m as reference (exponents <= 8 |g|, clamped at 80), so a block of safe gates summing to
+    -80 stays finite."""
+    cols = tl.arange(0, K)
+    r16 = tl.arange(0, 16)
+    gc = tl.cumsum(_tile(g_ptr, t0, lo, hi, h, H, K, blk, cols), 0)
+    q = _tile(q_ptr, t0, lo, hi, h, H, K, blk, cols)
+    k = _tile(k_ptr, t0, lo, hi, h, H, K, blk, cols)
+    m = tl.sum(tl.where(r16[:, None] == 7, gc, 0.0), 0)[None, :]
+    left = tl.exp(tl.minimum(gc - m, 80.0))
+    right = tl.trans(k * tl.exp(tl.minimum(m - gc, 80.0)))
+    aqk = _dot(q * left, right, PREC)
+    akk = _dot(k * left, right, PREC)
+    cb = (c * H + h) * 64
+    _store_blk(aqk_ptr, cb, blk, blk, tl.where(r16[None, :] <= r16[:, None], aqk * scale, 0.0))
+    beta = _beta_rows(b_ptr, t0, lo, hi, h, H, blk)
+    inv = _inv_unit_lower(tl.where(r16[None, :] < r16[:, None], akk * beta, 0.0), IPREC)
+    tl.store(_blk(dinv_ptr, cb, blk, 0, 16), inv)
+
+
+@triton.jit
+def _gate_cols(q_ptr, k_ptr, g_ptr, b_ptr, qg_ptr, kg_ptr, kb_ptr, gl_ptr, c, h, t0, lo, hi, H, scale, cols,
+               K: tl.constexpr):
+    """The chunk's gated rows over columns cols, from its cumulative gates gc and gate sum gl: q exp(gc) (scaled)
+    and k exp(gl - gc) for the recurrence and the output, beta k exp(gc) for w; and gl."""
+    r64 = tl.arange(0, 64)
+    tok = t0 + r64
+    ok1 = (tok >= lo) & (tok < hi)
+    ok = ok1[:, None]
+    idx = (tok[:, None] * H + h) * K + cols[None, :]
+    g = tl.load(g_ptr + idx, mask=ok, other=0.0).to(tl.float32)
+    gc = tl.cumsum(g, 0)
+    gl = tl.sum(g, 0)
+    tl.store(gl_ptr + (c * H + h) * K + cols, gl)
+    q = tl.load(q_ptr + idx, mask=ok, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + idx, mask=ok, other=0.0).to(tl.float32)
+    beta = tl.load(b_ptr + tok * H + h, mask=ok1, other=0.0).to(tl.float32)[:, None]
+    out = ((c * H + h) * 64 + r64[:, None]) * K + cols[None, :]
+    e = tl.exp(gc)
+    tl.store(qg_ptr + out, (q * scale * e).to(qg_ptr.dtype.element_ty))
+    tl.store(kg_ptr + out, (k * tl.exp(gl[None, :] - gc)).to(kg_ptr.dtype.element_ty))
+    tl.store(kb_ptr + out, (beta * k * e).to(kb_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _diag_kernel(q_ptr, k_ptr, g_ptr, b_ptr, info_ptr, aqk_ptr, dinv_ptr, qg_ptr, kg_ptr, kb_ptr, gl_ptr, H, scale,
+                 K: tl.constexpr, GK: tl.constexpr, PREC: tl.constexpr, IPREC: tl.constexpr):
+    """One launch, two kinds of program per (chunk, head): four diagonal blocks (_diag_block), and K / GK gate
+    programs of GK columns each (_gate_cols). Both read the same rows; the memory-bound gate programs run beside
+    the compute-bound block programs."""
+    c = tl.program_id(0).to(tl.int64)
+    blk = tl.program_id(1)
+    h = tl.program_id(2).to(tl.int64)
+    t0, lo, hi = _chunk_rows(info_ptr, c)
+    if blk < 4:
+        _diag_block(q_ptr, k_ptr, g_ptr, b_ptr, aqk_ptr, dinv_ptr, c, blk, h, t0, lo, hi, H, scale, K, PREC, IPREC)
+    else:
+        _gate_cols(q_ptr, k_ptr, g_ptr, b_ptr, qg_ptr, kg_ptr, kb_ptr, gl_ptr, c, h, t0, lo, hi, H, scale,
+                   (blk - 4) * GK + tl.arange(0, GK), K)
+
+
+@triton.jit
+def _offdiag_kernel(q_ptr, k_ptr, g_ptr, b_ptr, info_ptr, aqk_ptr, dinv_ptr, ainv_ptr, H, scale, K: tl.constexpr,
+                    BK: tl.constexpr, PREC: tl.constexpr, IPREC: tl.constexpr):
+    """One (chunk, head): the six off-diagonal 16 x 16 blocks of A_qk and of A_kk, accumulated over BK-column
+    pieces of K, then all of (I + A_kk)^-1 from the diagonal blocks' inverses (_diag_block's) by block
+    substitution.
+
+    With l the cumulative gates inside each block and s a block's gate sum, block (I, J < I) is
+    q_I exp(l_I) . k_J exp(s_J - l_J) times exp(s_{J+1} + ... + s_{I-1}): every exponent is <= 0, so nothing
+    overflows whatever the gates."""
     c = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     t0, lo, hi = _chunk_rows(info_ptr, c)
-    r16 = tl.arange(0, 16)
     z = tl.zeros([16, 16], tl.float32)
-    q00, q11, q22, q33, q10, q20, q21, q30, q31, q32 = z, z, z, z, z, z, z, z, z, z
-    k00, k11, k22, k33, k10, k20, k21, k30, k31, k32 = z, z, z, z, z, z, z, z, z, z
+    q10, q20, q21, q30, q31, q32 = z, z, z, z, z, z
+    k10, k20, k21, k30, k31, k32 = z, z, z, z, z, z
     for kb in range(0, K, BK):
         cols = kb + tl.arange(0, BK)
-        c0 = tl.zeros([BK], tl.float32)
-        qa, ka, ga, c1 = _block(q_ptr, k_ptr, g_ptr, t0, lo, hi, h, H, K, 0, cols, c0)
-        qb, kb_, gb, c2 = _block(q_ptr, k_ptr, g_ptr, t0, lo, hi, h, H, K, 1, cols, c1)
-        qc, kc, gcc, c3 = _block(q_ptr, k_ptr, g_ptr, t0, lo, hi, h, H, K, 2, cols, c2)
-        qd, kd, gd, _ = _block(q_ptr, k_ptr, g_ptr, t0, lo, hi, h, H, K, 3, cols, c3)
-        q00, k00 = _diag(qa, ka, ga, q00, k00, PREC)
-        q11, k11 = _diag(qb, kb_, gb, q11, k11, PREC)
-        q22, k22 = _diag(qc, kc, gcc, q22, k22, PREC)
-        q33, k33 = _diag(qd, kd, gd, q33, k33, PREC)
-        # right factors k_j exp(c_{J+1} - gc_j), transposed; left factors exp(gc_i - c_I)
-        ra = tl.trans(ka * tl.exp(c1[None, :] - ga))
-        rb = tl.trans(kb_ * tl.exp(c2[None, :] - gb))
-        rc = tl.trans(kc * tl.exp(c3[None, :] - gcc))
-        lb = tl.exp(gb - c1[None, :])
-        lc = tl.exp(gcc - c2[None, :])
-        ld = tl.exp(gd - c3[None, :])
-        q10 += tl.dot(qb * lb, ra, input_precision=PREC)
-        k10 += tl.dot(kb_ * lb, ra, input_precision=PREC)
-        q21 += tl.dot(qc * lc, rb, input_precision=PREC)
-        k21 += tl.dot(kc * lc, rb, input_precision=PREC)
-        q32 += tl.dot(qd * ld, rc, input_precision=PREC)
-        k32 += tl.dot(kd * ld, rc, input_precision=PREC)
-        lc2 = lc * tl.exp(c2 - c1)[None, :]  # block 2 against block 0: the gates of block 1 between them
-        q20 += tl.dot(qc * lc2, ra, input_precision=PREC)
-        k20 += tl.dot(kc * lc2, ra, input_precision=PREC)
-        ld3 = ld * tl.exp(c3 - c2)[None, :]
-        q31 += tl.dot(qd * ld3, rb, input_precision=PREC)
-        k31 += tl.dot(kd * ld3, rb, input_precision=PREC)
-        ld30 = ld3 * tl.exp(c2 - c1)[None, :]
-        q30 += tl.dot(qd * ld30, ra, input_precision=PREC)
-        k30 += tl.dot(kd * ld30, ra, input_precision=PREC)
+        g0 = _tile(g_ptr, t0, lo, hi, h, H, K, 0, cols)
+        g1 = _tile(g_ptr, t0, lo, hi, h, H, K, 1, cols)
+        g2 = _tile(g_ptr, t0, lo, hi, h, H, K, 2, cols)
+        g3 = _tile(g_ptr, t0, lo, hi, h, H, K, 3, cols)
+        l0, l1, l2, l3 = tl.cumsum(g0, 0), tl.cumsum(g1, 0), tl.cumsum(g2, 0), tl.cumsum(g3, 0)
+        s0, s1, s2 = tl.sum(g0, 0)[None, :], tl.sum(g1, 0)[None, :], tl.sum(g2, 0)[None, :]
+        # right factors k_j exp(s_J - l_j), transposed
+        ra = tl.trans(_tile(k_ptr, t0, lo, hi, h, H, K, 0, cols) * tl.exp(s0 - l0))
+        rb = tl.trans(_tile(k_ptr, t0, lo, hi, h, H, K, 1, cols) * tl.exp(s1 - l1))
+        rc = tl.trans(_tile(k_ptr, t0, lo, hi, h, H, K, 2, cols) * tl.exp(s2 - l2))
+        # left factors exp(l_i), and times the whole blocks between
+        e1, e2, e3 = tl.exp(l1), tl.exp(l2), tl.exp(l3)
+        e2b, e3c = e2 * tl.exp(s1), e3 * tl.exp(s2)
+        e3b = e3c * tl.exp(s1)
+        q1 = _tile(q_ptr, t0, lo, hi, h, H, K, 1, cols)
+        k1 = _tile(k_ptr, t0, lo, hi, h, H, K, 1, cols)
+        q10 = tl.dot(q1 * e1, ra, q10, input_precision=PREC)
+        k10 = tl.dot(k1 * e1, ra, k10, input_precision=PREC)
+        q2 = _tile(q_ptr, t0, lo, hi, h, H, K, 2, cols)
+        k2 = _tile(k_ptr, t0, lo, hi, h, H, K, 2, cols)
+        q21 = tl.dot(q2 * e2, rb, q21, input_precision=PREC)
+        k21 = tl.dot(k2 * e2, rb, k21, input_precision=PREC)
+        q20 = tl.dot(q2 * e2b, ra, q20, input_precision=PREC)
+        k20 = tl.dot(k2 * e2b, ra, k20, input_precision=PREC)
+        q3 = _tile(q_ptr, t0, lo, hi, h, H, K, 3, cols)
+        k3 = _tile(k_ptr, t0, lo, hi, h, H, K, 3, cols)
+        q32 = tl.dot(q3 * e3, rc, q32, input_precision=PREC)
+        k32 = tl.dot(k3 * e3, rc, k32, input_precision=PREC)
+        q31 = tl.dot(q3 * e3c, rb, q31, input_precision=PREC)
+        k31 = tl.dot(k3 * e3c, rb, k31, input_precision=PREC)
+        q30 = tl.dot(q3 * e3b, ra, q30, input_precision=PREC)
+        k30 = tl.dot(k3 * e3b, ra, k30, input_precision=PREC)
     cb = (c * H + h) * 64
-    # A_qk: scaled, causal (diagonal blocks keep j <= i), zero above the diagonal blocks
-    keep = r16[None, :] <= r16[:, None]
-    _store_blk(aqk_ptr, cb, 0, 0, tl.where(keep, q00 * scale, 0.0))
-    _store_blk(aqk_ptr, cb, 1, 1, tl.where(keep, q11 * scale, 0.0))
-    _store_blk(aqk_ptr, cb, 2, 2, tl.where(keep, q22 * scale, 0.0))
-    _store_blk(aqk_ptr, cb, 3, 3, tl.where(keep, q33 * scale, 0.0))
     _store_blk(aqk_ptr, cb, 1, 0, q10 * scale)
     _store_blk(aqk_ptr, cb, 2, 0, q20 * scale)
     _store_blk(aqk_ptr, cb, 2, 1, q21 * scale)
@@ -172,18 +227,16 @@ def _intra_kernel(q_ptr, k_ptr, g_ptr, b_ptr, info_ptr, aqk_ptr, ainv_ptr, H, sc
     _store_blk(aqk_ptr, cb, 3, 1, q31 * scale)
     _store_blk(aqk_ptr, cb, 3, 2, q32 * scale)
     _zero_upper(aqk_ptr, cb)
-    # A_kk rows times beta_i; strictly lower inside the diagonal blocks
-    strict = r16[None, :] < r16[:, None]
-    b0 = _beta_rows(b_ptr, t0, lo, hi, h, H, 0)
+    # A_kk rows times beta_i
     b1 = _beta_rows(b_ptr, t0, lo, hi, h, H, 1)
     b2 = _beta_rows(b_ptr, t0, lo, hi, h, H, 2)
     b3 = _beta_rows(b_ptr, t0, lo, hi, h, H, 3)
-    i0 = _inv_unit_lower(tl.where(strict, k00 * b0, 0.0), IPREC)
-    i1 = _inv_unit_lower(tl.where(strict, k11 * b1, 0.0), IPREC)
-    i2 = _inv_unit_lower(tl.where(strict, k22 * b2, 0.0), IPREC)
-    i3 = _inv_unit_lower(tl.where(strict, k33 * b3, 0.0), IPREC)
     a10, a20, a21 = k10 * b1, k20 * b2, k21 * b2
     a30, a31, a32 = k30 * b3, k31 * b3, k32 * b3
+    i0 = tl.load(_blk(dinv_ptr, cb, 0, 0, 16))
+    i1 = tl.load(_blk(dinv_ptr, cb, 1, 0, 16))
+    i2 = tl.load(_blk(dinv_ptr, cb, 2, 0, 16))
+    i3 = tl.load(_blk(dinv_ptr, cb, 3, 0, 16))
     # (I + A)^-1 blocks: X_IJ = -X_II sum_{J <= L < I} A_IL X_LJ
     x10 = -_dot(i1, _dot(a10, i0, IPREC), IPREC)
     x21 = -_dot(i2, _dot(a21, i1, IPREC), IPREC)
@@ -205,48 +258,33 @@ def _intra_kernel(q_ptr, k_ptr, g_ptr, b_ptr, info_ptr, aqk_ptr, ainv_ptr, H, sc
 
 
 @triton.jit
-def _wy_cols(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, ainv_ptr, x_ptr, qg_ptr, kg_ptr, gl_ptr, c, h, t0, lo, hi, H, scale,
-             cols, K: tl.constexpr, W: tl.constexpr, IS_W: tl.constexpr, PREC: tl.constexpr):
-    """X = (I + A_kk)^-1 R over columns cols: w (IS_W, R = beta k exp(gc)) or u0 (R = beta v). For w also the
-    chunk's q exp(gc) (scaled), k exp(gc_last - gc) and gc_last over those columns."""
-    r64 = tl.arange(0, 64)
-    tok = t0 + r64
-    ok = (tok >= lo) & (tok < hi)
-    cb = (c * H + h) * 64
-    b = tl.load(b_ptr + tok * H + h, mask=ok, other=0.0).to(tl.float32)[:, None]
-    idx = (tok[:, None] * H + h) * W + cols[None, :]
-    if IS_W:
-        g = tl.load(g_ptr + idx, mask=ok[:, None], other=0.0).to(tl.float32)
-        gc = tl.cumsum(g, 0)
-        gl = tl.sum(g, 0)
-        k = tl.load(k_ptr + idx, mask=ok[:, None], other=0.0).to(tl.float32)
-        q = tl.load(q_ptr + idx, mask=ok[:, None], other=0.0).to(tl.float32)
-        out = (cb + r64[:, None]) * K + cols[None, :]
-        tl.store(qg_ptr + out, (q * scale * tl.exp(gc)).to(qg_ptr.dtype.element_ty))
-        tl.store(kg_ptr + out, (k * tl.exp(gl[None, :] - gc)).to(kg_ptr.dtype.element_ty))
-        tl.store(gl_ptr + (c * H + h) * K + cols, gl)
-        r = b * k * tl.exp(gc)
-    else:
-        r = b * tl.load(v_ptr + idx, mask=ok[:, None], other=0.0).to(tl.float32)
-    a = tl.load(ainv_ptr + (cb + r64[:, None]) * 64 + r64[None, :])
-    x = tl.dot(a, r, input_precision=PREC)
-    tl.store(x_ptr + (cb + r64[:, None]) * W + cols[None, :], x.to(x_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _wy_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, info_ptr, ainv_ptr, w_ptr, u_ptr, qg_ptr, kg_ptr, gl_ptr, H, scale,
-               K: tl.constexpr, V: tl.constexpr, BW: tl.constexpr, PREC: tl.constexpr):
-    """w and u0 of one (chunk, head), BW columns a program: the first K / BW programs make w, the rest u0."""
+def _wy_kernel(kb_ptr, v_ptr, b_ptr, info_ptr, ainv_ptr, w_ptr, u_ptr, H, K: tl.constexpr, V: tl.constexpr,
+               BW: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr):
+    """w and u0 of one (chunk, head): X = (I + A_kk)^-1 R for R = beta k exp(gc) (w; the intra kernel wrote it)
+    and R = beta v (u0), BW columns at a time; the (K + V) / BW column blocks are shared among SPLIT programs,
+    each reading the inverse once. R is rounded to the inverse's dtype for the product."""
     c = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     p = tl.program_id(2)
     t0, lo, hi = _chunk_rows(info_ptr, c)
-    if p < K // BW:
-        _wy_cols(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, ainv_ptr, w_ptr, qg_ptr, kg_ptr, gl_ptr, c, h, t0, lo, hi, H,
-                 scale, p * BW + tl.arange(0, BW), K, K, True, PREC)
-    else:
-        _wy_cols(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, ainv_ptr, u_ptr, qg_ptr, kg_ptr, gl_ptr, c, h, t0, lo, hi, H,
-                 scale, (p - K // BW) * BW + tl.arange(0, BW), K, V, False, PREC)
+    r64 = tl.arange(0, 64)
+    tok = t0 + r64
+    ok = (tok >= lo) & (tok < hi)
+    cb = (c * H + h) * 64
+    a = tl.load(ainv_ptr + (cb + r64[:, None]) * 64 + r64[None, :])
+    NB: tl.constexpr = (K + V) // BW
+    for jj in range(NB // SPLIT):
+        j = p * (NB // SPLIT) + jj
+        if j < K // BW:
+            out = (cb + r64[:, None]) * K + j * BW + tl.arange(0, BW)[None, :]
+            x = tl.dot(a, tl.load(kb_ptr + out).to(a.dtype), input_precision=PREC)
+            tl.store(w_ptr + out, x.to(w_ptr.dtype.element_ty))
+        else:
+            cols = (j - K // BW) * BW + tl.arange(0, BW)
+            b = tl.load(b_ptr + tok * H + h, mask=ok, other=0.0).to(tl.float32)[:, None]
+            r = b * tl.load(v_ptr + (tok[:, None] * H + h) * V + cols[None, :], mask=ok[:, None], other=0.0)
+            x = tl.dot(a, r.to(a.dtype), input_precision=PREC)
+            tl.store(u_ptr + (cb + r64[:, None]) * V + cols[None, :], x.to(u_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -355,15 +393,22 @@ def kda_chunked(q, k, v, g, beta, cu_seqlens=None, scale: float | None = None, i
         tab = tab.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else tab.to(dev)
         info_t, cs_t = tab[: 4 * NC], tab[4 * NC :]
         # u0 in the activations' dtype, like w: the recurrence subtracts w S from it in fp32
-        aqk, w, u0, qg, kg, hs, vn = _carve([(NC, H, C, C), (NC, H, C, K), (NC, H, C, V), (NC, H, C, K), (NC, H, C, K),
-                                             (NC, H, K, V), (NC, H, C, V)], dt, dev)
-        ainv, gl = _carve([(NC, H, C, C), (NC, H, K)], f32, dev)
-        _intra_kernel[(NC, H)](q, k, g, beta, info_t, aqk, ainv, H, float(scale), K=K, BK=min(K, TILES["intra_bk"]),
-                               PREC=prec, IPREC="tf32" if dt != f32 and TILES["inverse_tf32"] else "ieee",
-                               num_warps=TILES["intra_warps"])
+        aqk, w, u0, qg, kg, kb, hs, vn = _carve([(NC, H, C, C), (NC, H, C, K), (NC, H, C, V), (NC, H, C, K),
+                                                 (NC, H, C, K), (NC, H, C, K), (NC, H, K, V), (NC, H, C, V)], dt, dev)
+        # (I + A_kk)^-1 in fp32, or in bf16 / fp16 (as the products that read it) when TILES says so
+        low = dt != f32 and TILES["ainv_low"]
+        ainv = torch.empty(NC, H, C, C, dtype=dt if low else f32, device=dev)
+        dinv, gl = _carve([(NC, H, C, 16), (NC, H, K)], f32, dev)
+        iprec = "tf32" if dt != f32 and TILES["inverse_tf32"] else "ieee"
+        GK = min(K, TILES["gate_cols"])
+        _diag_kernel[(NC, 4 + K // GK, H)](q, k, g, beta, info_t, aqk, dinv, qg, kg, kb, gl, H, float(scale), K=K,
+                                           GK=GK, PREC=prec, IPREC=iprec, num_warps=TILES["diag_warps"])
+        _offdiag_kernel[(NC, H)](q, k, g, beta, info_t, aqk, dinv, ainv, H, float(scale), K=K,
+                                 BK=min(K, TILES["intra_bk"]), PREC=prec, IPREC=iprec, num_warps=TILES["intra_warps"])
         BW = min(K, V, TILES["wy_cols"])
-        _wy_kernel[(NC, H, (K + V) // BW)](q, k, v, g, beta, info_t, ainv, w, u0, qg, kg, gl, H, float(scale), K=K,
-                                           V=V, BW=BW, PREC=prec, num_warps=TILES["wy_warps"])
+        split = math.gcd(TILES["wy_split"], (K + V) // BW)
+        _wy_kernel[(NC, H, split)](kb, v, beta, info_t, ainv, w, u0, H, K=K, V=V, BW=BW, SPLIT=split, PREC=prec,
+                                   num_warps=TILES["wy_warps"], num_stages=TILES["wy_stages"])
         BV = min(V, TILES["rec_bv_small"] if N * H < 128 else TILES["rec_bv"])
         h0 = initial_state.to(f32).contiguous() if initial_state is not None else final
         _recurrence_kernel[(N, H, V // BV)](w, u0, kg, gl, h0, cs_t, hs, vn, final, states, H, K=K, V=V, BV=BV,
