@@ -2,6 +2,8 @@
 # Session of 2026-11-30, 20:42, call 2: kda_chunked with 2-warp diagonal and off-diagonal kernels as defaults and
 # the w / u0 kernel's split and pipeline depth as knobs. Its GPU test; ours at H = 16 / 32 / 96 (fla: call 1,
 # device_run29.sh) with a per-kernel sweep at H = 96; Nsight Compute on ours at H = 96.
+# (Ran twice: the first attempt failed at import, host_time having been dropped from common.py; the second ran
+# with the GPU test line replaced by "echo skipped", as below.)
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 s() { echo "== $1 ($(date +%T))"; }
 s test; timeout -k 5 90 python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu/test_kernels.py -k chunked > $OUT/t_chunk.log 2>&1

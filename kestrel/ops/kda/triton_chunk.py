@@ -170,6 +170,12 @@ def _diag_kernel(q_ptr, k_ptr, g_ptr, b_ptr, info_ptr, aqk_ptr, dinv_ptr, qg_ptr
 
 
 @triton.jit
+def _qk_block(q, k, left, right, aq, ak, PREC: tl.constexpr):
+    """One off-diagonal block's A_qk and A_kk accumulators, plus this K piece: (q | k) * left against right."""
+    return (tl.dot(q * left, right, aq, input_precision=PREC), tl.dot(k * left, right, ak, input_precision=PREC))
+
+
+@triton.jit
 def _offdiag_kernel(q_ptr, k_ptr, g_ptr, b_ptr, info_ptr, aqk_ptr, dinv_ptr, ainv_ptr, H, scale, K: tl.constexpr,
                     BK: tl.constexpr, PREC: tl.constexpr, IPREC: tl.constexpr):
     """One (chunk, head): the six off-diagonal 16 x 16 blocks of A_qk and of A_kk, accumulated over BK-column
@@ -203,22 +209,16 @@ def _offdiag_kernel(q_ptr, k_ptr, g_ptr, b_ptr, info_ptr, aqk_ptr, dinv_ptr, ain
         e3b = e3c * tl.exp(s1)
         q1 = _tile(q_ptr, t0, lo, hi, h, H, K, 1, cols)
         k1 = _tile(k_ptr, t0, lo, hi, h, H, K, 1, cols)
-        q10 = tl.dot(q1 * e1, ra, q10, input_precision=PREC)
-        k10 = tl.dot(k1 * e1, ra, k10, input_precision=PREC)
+        q10, k10 = _qk_block(q1, k1, e1, ra, q10, k10, PREC)
         q2 = _tile(q_ptr, t0, lo, hi, h, H, K, 2, cols)
         k2 = _tile(k_ptr, t0, lo, hi, h, H, K, 2, cols)
-        q21 = tl.dot(q2 * e2, rb, q21, input_precision=PREC)
-        k21 = tl.dot(k2 * e2, rb, k21, input_precision=PREC)
-        q20 = tl.dot(q2 * e2b, ra, q20, input_precision=PREC)
-        k20 = tl.dot(k2 * e2b, ra, k20, input_precision=PREC)
+        q21, k21 = _qk_block(q2, k2, e2, rb, q21, k21, PREC)
+        q20, k20 = _qk_block(q2, k2, e2b, ra, q20, k20, PREC)
         q3 = _tile(q_ptr, t0, lo, hi, h, H, K, 3, cols)
         k3 = _tile(k_ptr, t0, lo, hi, h, H, K, 3, cols)
-        q32 = tl.dot(q3 * e3, rc, q32, input_precision=PREC)
-        k32 = tl.dot(k3 * e3, rc, k32, input_precision=PREC)
-        q31 = tl.dot(q3 * e3c, rb, q31, input_precision=PREC)
-        k31 = tl.dot(k3 * e3c, rb, k31, input_precision=PREC)
-        q30 = tl.dot(q3 * e3b, ra, q30, input_precision=PREC)
-        k30 = tl.dot(k3 * e3b, ra, k30, input_precision=PREC)
+        q32, k32 = _qk_block(q3, k3, e3, rc, q32, k32, PREC)
+        q31, k31 = _qk_block(q3, k3, e3c, rb, q31, k31, PREC)
+        q30, k30 = _qk_block(q3, k3, e3b, ra, q30, k30, PREC)
     cb = (c * H + h) * 64
     _store_blk(aqk_ptr, cb, 1, 0, q10 * scale)
     _store_blk(aqk_ptr, cb, 2, 0, q20 * scale)
