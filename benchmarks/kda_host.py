@@ -1,0 +1,80 @@
+"""Host-side cost of one kda_chunked call without its kernels: the chunk table, the workspace allocations and views,
+argument handling. The five Triton launches are replaced by no-ops and the tensors live on the meta device (no
+memory, allocation as cheap as a caching allocator's), so this runs on any CPU and times only the Python and torch
+dispatch the GPU waits on before the first kernel (plus what follows it).
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/kda_host.py [--heads 96] [--profile]
+
+The pinned copy of the table and Triton's own launch path are not in it: time those on the device
+(benchmarks/kernels.py prints a host / GPU timeline of one call).
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from kestrel.ops.kda import triton_chunk as tc
+from kestrel.ops.kda.layout import chunk_table
+
+KERNELS = ["_diag_kernel", "_offdiag_kernel", "_wy_kernel", "_recurrence_kernel", "_output_kernel"]
+
+
+class _NoLaunch:
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def per_call_us(fn, calls: int = 200, rounds: int = 7) -> tuple[float, float]:
+    """(min, median) over rounds of the mean microseconds per call."""
+    for _ in range(20):
+        fn()
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t) / calls * 1e6)
+    return min(times), statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--heads", type=int, default=96)
+    ap.add_argument("--profile", action="store_true", help="also print a cProfile of 500 calls")
+    args = ap.parse_args()
+    saved = {name: getattr(tc, name) for name in KERNELS}
+    for name in KERNELS:
+        setattr(tc, name, _NoLaunch())
+    try:
+        T, H, K = 8192, args.heads, 128
+        cu, starts = [0, 1000, 4000, 4192, 8192], [0, 0, 0, 0]
+        q = torch.empty(T, H, K, dtype=torch.bfloat16, device="meta")
+        g, beta = torch.empty(T, H, K, device="meta"), torch.empty(T, H, device="meta")
+        h0 = torch.empty(len(cu) - 1, H, K, K, device="meta")
+
+        def call():
+            return tc.kda_chunked(q, q, q, g, beta, cu_seqlens=cu, initial_state=h0)
+
+        lo, med = per_call_us(call)
+        print(f"kda_chunked host work without launches (T = {T}, 4 sequences, H = {H}): min {lo:.1f} us, "
+              f"median {med:.1f} us a call")
+        lo, med = per_call_us(lambda: chunk_table(cu, starts, 64), calls=2000)
+        print(f"  of which the chunk table: min {lo:.1f} us, median {med:.1f} us")
+        if args.profile:
+            import cProfile
+            import pstats
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(500):
+                call()
+            pr.disable()
+            pstats.Stats(pr).sort_stats("tottime").print_stats(15)
+    finally:
+        for name, fn in saved.items():
+            setattr(tc, name, fn)
+
+
+if __name__ == "__main__":
+    main()
