@@ -22,6 +22,19 @@ def cuda_time(fn, warmup: int = 3, iters: int = 20) -> float:
     return statistics.median(times)
 
 
+def hot_loop_us(fn, calls: int = 200, rounds: int = 7, warmup: int = 10) -> list[float]:
+    """Mean microseconds per call of fn in each of `rounds` back-to-back loops of `calls` (host clock, no sync)."""
+    for _ in range(warmup):
+        fn()
+    runs = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        runs.append((time.perf_counter() - t) / calls * 1e6)
+    return runs
+
+
 def graph_time(fn, iters: int = 50, reps: int = 5) -> float:
     """Median seconds per call of fn captured `iters` times in one CUDA graph (launch gaps shrink to the floor)."""
     fn()

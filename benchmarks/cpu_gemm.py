@@ -4,25 +4,21 @@ speculative verify costs several plain decode steps here (issue 8). Hot-loop med
     OMP_NUM_THREADS=1 python benchmarks/cpu_gemm.py
 """
 
+import os
 import statistics
-import time
+import sys
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import hot_loop_us  # noqa: E402
 
 SHAPES = [(256, 256), (4096, 256), (768, 256), (256, 768)]  # (out, in): k3-small's projections and its LM head
 
 
 def timed(fn, n: int = 200) -> float:
-    for _ in range(10):
-        fn()
-    runs = []
-    for _ in range(7):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        runs.append((time.perf_counter() - t) / n * 1e6)
-    return statistics.median(runs)
+    return statistics.median(hot_loop_us(fn, n))
 
 
 def main() -> None:

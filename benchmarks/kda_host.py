@@ -10,13 +10,16 @@ The pinned copy of the table and Triton's own launch path are not in it: time th
 """
 
 import argparse
+import os
 import statistics
-import time
+import sys
 
 import torch
 
-from kestrel.ops.kda import triton_chunk as tc
-from kestrel.ops.kda.layout import chunk_table
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import hot_loop_us  # noqa: E402
+from kestrel.ops.kda import triton_chunk as tc  # noqa: E402
+from kestrel.ops.kda.layout import chunk_table  # noqa: E402
 
 KERNELS = ["_diag_kernel", "_offdiag_kernel", "_wy_kernel", "_recurrence_kernel", "_output_kernel"]
 
@@ -26,17 +29,10 @@ class _NoLaunch:
         return lambda *args, **kwargs: None
 
 
-def per_call_us(fn, calls: int = 200, rounds: int = 7) -> tuple[float, float]:
-    """(min, median) over rounds of the mean microseconds per call."""
-    for _ in range(20):
-        fn()
-    times = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - t) / calls * 1e6)
-    return min(times), statistics.median(times)
+def per_call_us(fn, calls: int = 200) -> tuple[float, float]:
+    """(min, median) over 7 rounds of the mean microseconds per call."""
+    runs = hot_loop_us(fn, calls)
+    return min(runs), statistics.median(runs)
 
 
 def main():

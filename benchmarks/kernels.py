@@ -85,21 +85,38 @@ def host_profile(log, run, top: int = 12):
             log("  host | " + line)
 
 
-def bench_chunk(log, fla, quick, heads=(16, 32, 96), sweep=False):
-    lens = [1000, 3000, 192, 4000]  # T = 8192, varlen
+def chunk_case(H: int, K: int = 128, lens=(1000, 3000, 192, 4000)):
+    """The chunked-prefill benchmark's inputs (T = 8192 varlen by default, bf16, safe gates down to the bound, an
+    initial state): (cu_seqlens list, q, k, v, g, beta, h0)."""
     cu = [0]
     for L in lens:
         cu.append(cu[-1] + L)
-    T, N = cu[-1], len(lens)
+    T = cu[-1]
+    q = kref.l2norm(torch.randn(T, H, K, device="cuda")).to(BF)
+    k = kref.l2norm(torch.randn(T, H, K, device="cuda")).to(BF)
+    v = torch.randn(T, H, K, device="cuda").to(BF)
+    g = -5 * torch.rand(T, H, K, device="cuda")
+    beta = torch.rand(T, H, device="cuda")
+    h0 = torch.randn(len(lens), H, K, K, device="cuda") * 0.1
+    return cu, q, k, v, g, beta, h0
+
+
+def fla_chunk(fla, case, safe: bool):
+    """A closure running fla's chunk_kda on a chunk_case (safe_gate with its -5 bound, or plain)."""
+    cu, q, k, v, g, beta, h0 = case
+    cu_t = torch.tensor(cu, device="cuda", dtype=torch.long)
+    return lambda: fla.chunk_kda(q[None], k[None], v[None], g[None], beta[None], scale=q.shape[-1]**-0.5,
+                                 initial_state=h0, output_final_state=True, cu_seqlens=cu_t, safe_gate=safe,
+                                 lower_bound=-5.0 if safe else None)
+
+
+def bench_chunk(log, fla, quick, heads=(16, 32, 96), sweep=False):
     timelines = []  # taken last: the CPU-side profiler slows the host's later launches
     for H in heads:
-        K = V = 128
-        q = kref.l2norm(torch.randn(T, H, K, device="cuda")).to(BF)
-        k = kref.l2norm(torch.randn(T, H, K, device="cuda")).to(BF)
-        v = torch.randn(T, H, V, device="cuda").to(BF)
-        g = -5 * torch.rand(T, H, K, device="cuda")  # safe gates down to the bound
-        beta = torch.rand(T, H, device="cuda")
-        h0 = torch.randn(N, H, K, V, device="cuda") * 0.1
+        case = chunk_case(H)
+        cu, q, k, v, g, beta, h0 = case
+        N = len(cu) - 1
+
         def run_ours(q=q, k=k, v=v, g=g, beta=beta, h0=h0):  # bound now: timelines call it after the loop
             return kda_t.kda_chunked(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0)
 
@@ -113,12 +130,8 @@ def bench_chunk(log, fla, quick, heads=(16, 32, 96), sweep=False):
             host_profile(log, run_ours)
         other, note = None, ""
         if fla is not None:
-            cu_t = torch.tensor(cu, device="cuda", dtype=torch.long)
             for safe in (False, True):
-                def run(q=q, k=k, v=v, g=g, beta=beta, h0=h0, safe=safe):
-                    return fla.chunk_kda(q[None], k[None], v[None], g[None], beta[None], scale=K**-0.5,
-                                         initial_state=h0, output_final_state=True, cu_seqlens=cu_t, safe_gate=safe,
-                                         lower_bound=-5.0 if safe else None)
+                run = fla_chunk(fla, case, safe)
                 try:
                     t = cuda_time(run, iters=10)
                     fo, ff = run()

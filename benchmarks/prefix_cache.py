@@ -11,7 +11,6 @@ tokens actually prefilled, hit rate (cached / prompt tokens), mean TTFT. Then (a
 import argparse
 import random
 import statistics
-import time
 
 import torch
 
