@@ -35,8 +35,8 @@ def rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
-CHUNK_SWEEP = [{"gate_cols": 32}, {"gate_cols": 64}, {"diag_warps": 2}, {"intra_warps": 2}, {"ainv_low": False},
-               {"wy_warps": 2}, {"wy_split": 2}]
+CHUNK_SWEEP = [{"rec_longest_first": False}, {"rec_bv": 32}, {"rec_warps": 2}, {"rec_warps": 8}, {"rec_stages": 1},
+               {"rec_stages": 3}, {"rec_bv": 32, "rec_warps": 2}, {"gate_cols": 64}, {"wy_warps": 8}]
 
 
 def _per_kernel(times) -> str:
@@ -110,6 +110,47 @@ def fla_chunk(fla, case, safe: bool):
                                  lower_bound=-5.0 if safe else None)
 
 
+def chunk_host_variants(log, fla, case, H):
+    """Wall and host-issue time of one call with its launch path or metadata varied: ours as shipped (chunk table
+    cached per layout, compiled kernels launched directly), with Triton's JIT launches, with a new layout every call
+    (table built and copied each time); fla's safe_gate with its cu_seqlens tensor reused (its chunk indices cached)
+    and with a new cu_seqlens tensor every call, as a server step would have."""
+    from kestrel.ops.kda import triton_chunk as tc
+    cu, q, k, v, g, beta, h0 = case
+
+    def ours():
+        return tc.kda_chunked(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0)
+
+    def fresh():
+        tc._TABLES.clear()
+        return ours()
+
+    def jit_launches():
+        saved = tc.launch
+        tc.launch = lambda fn, grid, *args, **meta: fn[grid](*args, **meta)
+        try:
+            return ours()
+        finally:
+            tc.launch = saved
+
+    sides = [("ours", ours), ("ours, JIT launches", jit_launches), ("ours, new layout each call", fresh)]
+    if fla is not None:
+        cu_t = torch.tensor(cu, device="cuda", dtype=torch.long)
+
+        def fla_run(cu_t=None):
+            c = torch.tensor(cu, device="cuda", dtype=torch.long) if cu_t is None else cu_t
+            return fla.chunk_kda(q[None], k[None], v[None], g[None], beta[None], scale=q.shape[-1]**-0.5,
+                                 initial_state=h0, output_final_state=True, cu_seqlens=c, safe_gate=True,
+                                 lower_bound=-5.0)
+        sides += [("fla safe_gate", lambda: fla_run(cu_t)), ("fla safe_gate, new cu_seqlens each call", fla_run)]
+    for label, fn in sides:
+        try:
+            log(f"  host variants H={H}: {label}: wall {cuda_time(fn, iters=10) * 1e6:.1f} us, "
+                f"host issue {host_time(fn) * 1e6:.1f} us")
+        except Exception as e:
+            log(f"  host variants H={H}: {label} failed: {type(e).__name__}: {str(e)[:100]}")
+
+
 def bench_chunk(log, fla, quick, heads=(16, 32, 96), sweep=False):
     timelines = []  # taken last: the CPU-side profiler slows the host's later launches
     for H in heads:
@@ -143,6 +184,7 @@ def bench_chunk(log, fla, quick, heads=(16, 32, 96), sweep=False):
                 except Exception as e:
                     note += f" fla safe={safe} failed: {type(e).__name__}: {str(e)[:80]};"
         row(log, "kda_chunked", f"T=8192 varlen({N}) H={H} K=V=128", ours, other, "fla chunk_kda(best)", note)
+        chunk_host_variants(log, fla, case, H)
     for label, run in timelines:
         timeline(run, log, label)
 

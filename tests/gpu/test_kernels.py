@@ -190,6 +190,15 @@ def test_kda_chunked(dtype):
         o, f = kda_chunked(q, k, v, g2, beta)
         ro, rf = R.kda_chunked(q.to(d), k.to(d), v.to(d), g2.to(d), beta.to(d))
         assert rel(o, ro) < TOL[dtype] and rel(f, rf) < TOL[dtype]
+    # the same call with q at an address that is not 16-byte aligned: launch() keys its compiled kernels on
+    # alignment, so this compiles its own variant (with a kernel specialised for aligned q it would read wrong data
+    # or fault); on CUDA the calls above already went through the compiled kernels' launchers
+    qm = torch.empty(q.numel() + 1, dtype=dtype, device=DEV)[1:].view_as(q).copy_(q)
+    o2, f2 = kda_chunked(qm, k, v, g2, beta)
+    assert rel(o2, ro) < TOL[dtype] and rel(f2, rf) < TOL[dtype]
+    if DEV == "cuda" and not INTERPRET:
+        from kestrel.ops.triton_utils import _COMPILED
+        assert {key[2][0] for key in _COMPILED if key[0].__name__ == "_diag_kernel"} >= {(dtype, True), (dtype, False)}
 
 
 @pytest.mark.parametrize("dtype", DOT_DTYPES)

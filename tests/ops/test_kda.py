@@ -152,8 +152,11 @@ def test_chunk_table_covers_every_row_once_in_aligned_chunks():
             cu.append(cu[-1] + L)
         tab, offsets = chunk_table(cu, starts, C)
         NC = offsets[-1]
-        assert tab.dtype.name == "int32" and len(tab) == 4 * NC + N + 1
-        assert tab[4 * NC :].tolist() == offsets
+        assert tab.dtype.name == "int32" and len(tab) == 4 * NC + 2 * N + 1
+        assert tab[4 * NC : 4 * NC + N + 1].tolist() == offsets
+        order = tab[4 * NC + N + 1 :].tolist()
+        counts = [offsets[i + 1] - offsets[i] for i in order]
+        assert sorted(order) == list(range(N)) and counts == sorted(counts, reverse=True)
         seen = torch.zeros(cu[-1], dtype=torch.long)
         for i in range(N):
             assert offsets[i + 1] - offsets[i] == -(-(starts[i] % C + lens[i]) // C)

@@ -16,6 +16,7 @@ overflowing. For bf16 / fp16 inputs (I + A_kk)^-1 is stored in that dtype (TILES
 on the whole call at H = 96, 3e-3 relative on the output).
 """
 
+import collections
 import math
 
 import torch
@@ -24,15 +25,18 @@ import triton.language as tl
 
 from kestrel.ops import triton_interpreted
 from kestrel.ops.kda.layout import chunk_table
+from kestrel.ops.triton_utils import launch
 
 # Launch shapes and precision choices (benchmarks/kernels.py --chunk-sweep tries others): warps of the diagonal
 # and off-diagonal kernels (one each measured fastest; with four, ncu showed the diagonal kernel bound by L1 /
 # shared-memory traffic at 86%), the off-diagonal kernel's K piece, the gate programs' columns, whether the 16 x 16
 # inverse products run in tf32 for bf16 inputs (else fp32) and whether the inverse is stored in the activations'
 # dtype; columns, split and warps of the w / u0 kernel; the recurrence's value-block width (below 128
-# sequence-heads the narrower one, for more programs) and its pipeline depth.
+# sequence-heads the narrower one, for more programs), warps and pipeline depth, and whether its programs start
+# with the longest sequences.
 TILES = {"diag_warps": 1, "intra_warps": 1, "intra_bk": 16, "gate_cols": 32, "inverse_tf32": True, "ainv_low": True,
-         "wy_cols": 64, "wy_warps": 4, "wy_split": 1, "wy_stages": 3, "rec_bv": 64, "rec_bv_small": 32, "rec_stages": 2}
+         "wy_cols": 64, "wy_warps": 4, "wy_split": 1, "wy_stages": 3, "rec_bv": 64, "rec_bv_small": 32, "rec_warps": 4,
+         "rec_stages": 2, "rec_longest_first": True}
 
 
 @triton.jit
@@ -308,14 +312,20 @@ def _chunk_step(S, c, h, w_ptr, u_ptr, kg_ptr, gl_ptr, h_ptr, vn_ptr, states_ptr
 
 
 @triton.jit
-def _recurrence_kernel(w_ptr, u_ptr, kg_ptr, gl_ptr, h0_ptr, cs_ptr, h_ptr, vn_ptr, final_ptr, states_ptr, H,
-                       K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
-                       STATES: tl.constexpr, PREC: tl.constexpr, WHILE: tl.constexpr):
-    n = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64)
-    vb = tl.program_id(2)
-    c0 = tl.load(cs_ptr + tl.program_id(0))
-    c1 = tl.load(cs_ptr + tl.program_id(0) + 1)
+def _recurrence_kernel(w_ptr, u_ptr, kg_ptr, gl_ptr, h0_ptr, cs_ptr, order_ptr, h_ptr, vn_ptr, final_ptr,
+                       states_ptr, H, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
+                       STATES: tl.constexpr, PREC: tl.constexpr, WHILE: tl.constexpr, LONGEST_FIRST: tl.constexpr):
+    # grid (heads, value blocks, sequences): programs start in that order, so the slowest axis picks the sequence,
+    # the longest first when LONGEST_FIRST
+    h = tl.program_id(0).to(tl.int64)
+    vb = tl.program_id(1)
+    if LONGEST_FIRST:
+        i = tl.load(order_ptr + tl.program_id(2))
+    else:
+        i = tl.program_id(2)
+    n = i.to(tl.int64)
+    c0 = tl.load(cs_ptr + i)
+    c1 = tl.load(cs_ptr + i + 1)
     rk = tl.arange(0, K)
     rv = vb * BV + tl.arange(0, BV)
     sidx = rk[:, None] * V + rv[None, :]
@@ -364,6 +374,30 @@ def _carve(shapes, dtype, device):
     return [x.view(shape) for x, shape in zip(buf.split(sizes), shapes)]
 
 
+# Device copies of recent chunk tables, keyed by the sequences' boundaries and start positions: a repeated batch
+# layout (each layer of one forward, a benchmark loop) skips the host-to-device copy, as fla caches its chunk indices
+# per cu_seqlens tensor.
+_TABLES: collections.OrderedDict = collections.OrderedDict()
+_TABLES_MAX = 64
+
+
+def _device_table(cu: list[int], starts: list[int], C: int, dev: torch.device):
+    """(the chunk table on dev, per-sequence chunk offsets) for chunk_table(cu, starts, C), cached."""
+    key = (tuple(cu), tuple(starts), C, dev)
+    hit = _TABLES.get(key)
+    if hit is not None:
+        _TABLES.move_to_end(key)
+        return hit
+    tab, offsets = chunk_table(cu, starts, C)
+    tab = torch.from_numpy(tab)
+    # one host-to-device copy, from pinned memory so it does not wait for the queue to drain
+    tab = tab.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else tab.to(dev)
+    _TABLES[key] = tab, offsets
+    if len(_TABLES) > _TABLES_MAX:
+        _TABLES.popitem(last=False)
+    return tab, offsets
+
+
 def kda_chunked(q, k, v, g, beta, cu_seqlens=None, scale: float | None = None, initial_state=None,
                 start_positions=None, chunk_size: int = 64, output_chunk_states: bool = False):
     """See reference.kda_chunked (same signature and results). fp64 or chunk_size != 64 go to the reference."""
@@ -378,7 +412,7 @@ def kda_chunked(q, k, v, g, beta, cu_seqlens=None, scale: float | None = None, i
     cu = [0, T] if cu_seqlens is None else [int(x) for x in cu_seqlens]
     N = len(cu) - 1
     starts = [0] * N if start_positions is None else [int(s) for s in start_positions]
-    tab, offsets = chunk_table(cu, starts, C)
+    tab, offsets = _device_table(cu, starts, C, v.device)
     NC = offsets[-1]
     dev, dt = v.device, v.dtype
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
@@ -388,35 +422,37 @@ def kda_chunked(q, k, v, g, beta, cu_seqlens=None, scale: float | None = None, i
     final = torch.empty(N, H, K, V, dtype=f32, device=dev)
     states = torch.empty(max(NC, 1), H, K, V, dtype=f32, device=dev) if output_chunk_states else final
     if NC:
-        # one host-to-device copy of the tables, from pinned memory so it does not wait for the queue to drain
-        tab = torch.from_numpy(tab)
-        tab = tab.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else tab.to(dev)
-        info_t, cs_t = tab[: 4 * NC], tab[4 * NC :]
-        # u0 in the activations' dtype, like w: the recurrence subtracts w S from it in fp32
-        aqk, w, u0, qg, kg, kb, hs, vn = _carve([(NC, H, C, C), (NC, H, C, K), (NC, H, C, V), (NC, H, C, K),
-                                                 (NC, H, C, K), (NC, H, C, K), (NC, H, K, V), (NC, H, C, V)], dt, dev)
-        # (I + A_kk)^-1 in fp32, or in bf16 / fp16 (as the products that read it) when TILES says so
+        info_t, cs_t, order_t = tab[: 4 * NC], tab[4 * NC : 4 * NC + N + 1], tab[4 * NC + N + 1 :]
+        # u0 in the activations' dtype, like w: the recurrence subtracts w S from it in fp32; (I + A_kk)^-1 in fp32,
+        # or in bf16 / fp16 (as the products that read it) when TILES says so
         low = dt != f32 and TILES["ainv_low"]
-        ainv = torch.empty(NC, H, C, C, dtype=dt if low else f32, device=dev)
-        dinv, gl = _carve([(NC, H, C, 16), (NC, H, K)], f32, dev)
+        act = [(NC, H, C, C), (NC, H, C, K), (NC, H, C, V), (NC, H, C, K), (NC, H, C, K), (NC, H, C, K),
+               (NC, H, K, V), (NC, H, C, V)]
+        wide = [(NC, H, C, 16), (NC, H, K)]
+        (act if low else wide).append((NC, H, C, C))
+        ws, fs = _carve(act, dt, dev), _carve(wide, f32, dev)
+        aqk, w, u0, qg, kg, kb, hs, vn = ws[:8]
+        dinv, gl = fs[:2]
+        ainv = ws[8] if low else fs[2]
         iprec = "tf32" if dt != f32 and TILES["inverse_tf32"] else "ieee"
         GK = min(K, TILES["gate_cols"])
-        _diag_kernel[(NC, 4 + K // GK, H)](q, k, g, beta, info_t, aqk, dinv, qg, kg, kb, gl, H, float(scale), K=K,
-                                           GK=GK, PREC=prec, IPREC=iprec, num_warps=TILES["diag_warps"])
-        _offdiag_kernel[(NC, H)](q, k, g, beta, info_t, aqk, dinv, ainv, H, float(scale), K=K,
-                                 BK=min(K, TILES["intra_bk"]), PREC=prec, IPREC=iprec, num_warps=TILES["intra_warps"])
+        launch(_diag_kernel, (NC, 4 + K // GK, H), q, k, g, beta, info_t, aqk, dinv, qg, kg, kb, gl, H,
+               float(scale), K=K, GK=GK, PREC=prec, IPREC=iprec, num_warps=TILES["diag_warps"])
+        launch(_offdiag_kernel, (NC, H), q, k, g, beta, info_t, aqk, dinv, ainv, H, float(scale), K=K,
+               BK=min(K, TILES["intra_bk"]), PREC=prec, IPREC=iprec, num_warps=TILES["intra_warps"])
         BW = min(K, V, TILES["wy_cols"])
         split = math.gcd(TILES["wy_split"], (K + V) // BW)
-        _wy_kernel[(NC, H, split)](kb, v, beta, info_t, ainv, w, u0, H, K=K, V=V, BW=BW, SPLIT=split, PREC=prec,
-                                   num_warps=TILES["wy_warps"], num_stages=TILES["wy_stages"])
+        launch(_wy_kernel, (NC, H, split), kb, v, beta, info_t, ainv, w, u0, H, K=K, V=V, BW=BW, SPLIT=split,
+               PREC=prec, num_warps=TILES["wy_warps"], num_stages=TILES["wy_stages"])
         BV = min(V, TILES["rec_bv_small"] if N * H < 128 else TILES["rec_bv"])
         h0 = initial_state.to(f32).contiguous() if initial_state is not None else final
-        _recurrence_kernel[(N, H, V // BV)](w, u0, kg, gl, h0, cs_t, hs, vn, final, states, H, K=K, V=V, BV=BV,
-                                            HAS_H0=initial_state is not None, STATES=output_chunk_states,
-                                            PREC=prec, WHILE=triton_interpreted(), num_warps=4,
-                                            num_stages=TILES["rec_stages"])
+        launch(_recurrence_kernel, (H, V // BV, N), w, u0, kg, gl, h0, cs_t, order_t, hs, vn, final, states, H, K=K,
+               V=V, BV=BV, HAS_H0=initial_state is not None, STATES=output_chunk_states, PREC=prec,
+               WHILE=triton_interpreted(), LONGEST_FIRST=TILES["rec_longest_first"], num_warps=TILES["rec_warps"],
+               num_stages=TILES["rec_stages"])
         BVo = min(V, 64)
-        _output_kernel[(NC, H, V // BVo)](qg, hs, aqk, vn, info_t, o, H, K=K, V=V, BV=BVo, PREC=prec, num_warps=4)
+        launch(_output_kernel, (NC, H, V // BVo), qg, hs, aqk, vn, info_t, o, H, K=K, V=V, BV=BVo, PREC=prec,
+               num_warps=4)
     else:
         final.copy_(initial_state.to(f32) if initial_state is not None else torch.zeros_like(final))
     if not output_chunk_states:
