@@ -28,7 +28,7 @@ from kestrel.models.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from kestrel.models.k3 import K3ForCausalLM  # noqa: E402
 from kestrel.models.presets import kimi_linear_subset, preset_config  # noqa: E402
 import kestrel.ops as ops  # noqa: E402
-from kestrel.ops import attn_res as attn_res_ops, linear as linear_ops, moe as moe_ops  # noqa: E402
+from kestrel.ops import attn_res as attn_res_ops, linear as linear_ops, mla as mla_ops, moe as moe_ops  # noqa: E402
 from kestrel.ops import reference_ops  # noqa: E402
 
 DT = torch.bfloat16
@@ -121,6 +121,7 @@ def ladder(cfg, model, args, log, floor_s):
     linear_ops.GEMV_MAX_M = 0  # the stages before the GEMV one: every linear layer on cuBLAS
     linear_ops.FUSE_PROLOGUES = False  # before the last: activations and norms as their own kernels
     ops.PDL = False  # and before the PDL ones: plain launches
+    mla_ops.FUSED_STORE = False  # MLA's latent norm, concatenation and cache write as torch ops until the last
     with reference_ops():
         stage("eager, reference ops", lambda: model(fb), 5)
     stage("eager, Triton kernels", lambda: model(fb), 10)
@@ -173,12 +174,15 @@ def ladder(cfg, model, args, log, floor_s):
     early = kept_stage("+ early expert streams", "CUDA graph, + expert weights streamed before the wait", fused,
                        "early expert streams vs in order")
     attn_res_ops.EARLY_SETTLE = True
-    kept_stage("+ early settle", "CUDA graph, + settle reads bank and stream before the wait", early,
-               "early settle vs waiting first")
+    settle = kept_stage("+ early settle", "CUDA graph, + settle reads bank and stream before the wait", early,
+                        "early settle vs waiting first")
+    mla_ops.FUSED_STORE = True
+    kept_stage("+ latent store", "CUDA graph, + MLA latent norm and cache write in one kernel", settle,
+               "one-kernel latent store vs torch ops")
     # (call 6 of the 17:25 session also timed the KDA decode kernels reading their inputs and state before the
     # wait, after a late-trigger gate projection: 1.674 against 1.657 ms without; dropped)
     interleaved(variants, fb, log)
-    for name in (next(iter(variants)), "+ early settle"):
+    for name in (next(iter(variants)), "+ latent store"):
         graph_timeline(lambda: variants[name].run(fb), log, label=name)
     variants.clear()  # the graphs go (their memory pools with them)
     if args.tile_sweep:

@@ -61,11 +61,14 @@ class MLAMixer(nn.Module):
         if fused is not None and fused.valid():
             q_a, kv_a, *rest = fused(x)
             gate = rest[0] if rest else None
-        q, latent = self.query(x, q_a), self.latent(x, kv_a)
+        q, latent = self.query(x, q_a), None
         if fb.mem is not None:
+            # served from the cache: the new tokens' latents go straight into it (one kernel on the GPU)
             buf = fb.mem.kv_buffer(self.layer_id)
-            ps = buf.shape[1]
-            buf[fb.out_cache_loc // ps, fb.out_cache_loc % ps] = latent.to(buf.dtype)
+            mla_ops.store_latent(self.kv_a_proj_with_mqa(x) if kv_a is None else kv_a, self.kv_a_layernorm.weight,
+                                 self.kv_a_layernorm.eps, self.rank, buf, fb.out_cache_loc)
+        else:
+            latent = self.latent(x, kv_a)
         if fb.mode == ForwardMode.DECODE and fb.mem is not None:
             o = self._decode(q, buf, fb.page_table, fb.seq_lens_tensor())
         elif fb.mode == ForwardMode.VERIFY:
@@ -79,7 +82,7 @@ class MLAMixer(nn.Module):
             dec, dec_tok = fb.subset(split[0])
             o[dec_tok] = self._decode(q[dec_tok], buf, dec.page_table, dec.seq_lens_tensor())
             ext, ext_tok = fb.subset(split[1])
-            o[ext_tok] = self._per_sequence(q[ext_tok], latent[ext_tok], ext)
+            o[ext_tok] = self._per_sequence(q[ext_tok], None, ext)
         else:
             o = self._per_sequence(q, latent, fb)
         o = o.reshape(x.shape[0], -1)  # [T, H * v_dim]
@@ -108,6 +111,8 @@ class MLAMixer(nn.Module):
         return o.transpose(1, 2).reshape(B * L, H, self.v_dim)
 
     def _per_sequence(self, q, latent, fb):
+        """Each sequence's new tokens over its keys: from latent (this call's tokens) without a cache, else read
+        back from the cache."""
         if fb.training and fb.equal_lengths and fb.mem is None:
             return self._batched_training(q, latent, fb)
         outs, cu = [], fb.cu_seqlens
@@ -116,7 +121,7 @@ class MLAMixer(nn.Module):
             if fb.mem is None:
                 lat = latent[a:b]
             else:
-                lat = mla_ops.gather_latents(buf, fb.page_table[i], fb.prefix_lens[i] + b - a).to(latent.dtype)
+                lat = mla_ops.gather_latents(buf, fb.page_table[i], fb.prefix_lens[i] + b - a).to(q.dtype)
             outs.append(self._expanded(q[a:b], lat, fb.prefix_lens[i])[0])
         return torch.cat(outs)
 

@@ -210,10 +210,31 @@ def test_mla_decode(dtype, page_size):
     maxp = -(-int(lens.max()) // page_size)
     pt = torch.stack([torch.randperm(P - 1, device=DEV)[:maxp] + 1 for _ in range(B)]).int()
     kv = rnd(P, page_size, Rk + Dr, dtype=dtype)
-    ql, qr = rnd(B, H, Rk, dtype=dtype), rnd(B, H, Dr, dtype=dtype)
+    # q_rope as the model has it: the last columns of each head's query, read in place by the kernel
+    ql, qr = rnd(B, H, Rk, dtype=dtype), rnd(B, H, 24 + Dr, dtype=dtype)[..., 24:]
     o1, l1 = R.mla_decode_paged(ql, qr, kv, pt, lens, Rk, 0.07)
     o2, l2 = K.mla_decode_paged(ql, qr, kv, pt, lens, Rk, 0.07)
     assert rel(o2, o1) < TOL[dtype] and rel(l2, l1) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cache_dtype", [None, torch.float32])
+def test_store_latent(dtype, cache_dtype):
+    from kestrel.ops.mla import reference as R, triton as K
+    T, Rk, Dr, P, ps = (5, 32, 8, 6, 4) if SMALL else (37, 512, 64, 40, 16)
+    cache_dtype = cache_dtype or dtype
+    wide = rnd(T, 24 + Rk + Dr + 16, dtype=dtype)  # kv_a as the middle columns of a fused GEMM's output
+    kv_a = wide[:, 24 : 24 + Rk + Dr]
+    w = rnd(Rk, dtype=dtype)
+    loc = torch.randperm(P * ps, device=DEV)[:T]
+    bufs = [torch.full((P, ps, Rk + Dr), 7.0, dtype=cache_dtype, device=DEV) for _ in range(2)]
+    R.store_latent(kv_a, w, 1e-6, Rk, bufs[0], loc)
+    K.store_latent(kv_a, w, 1e-6, Rk, bufs[1], loc)
+    flat = [b.view(-1, Rk + Dr) for b in bufs]
+    assert rel(flat[1][loc], flat[0][loc]) < TOL[dtype]
+    others = torch.ones(P * ps, dtype=torch.bool, device=DEV)
+    others[loc] = False
+    assert bool((flat[1][others] == 7.0).all()), "a slot outside loc was written"
 
 
 @pytest.mark.parametrize("dtype", DOT_DTYPES)

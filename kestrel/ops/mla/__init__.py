@@ -19,3 +19,13 @@ def decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank: i
     """
     fn = kernel(__name__ + ".triton", "mla_decode_paged", q_lat) or reference.mla_decode_paged
     return fn(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank, scale)
+
+
+def store_latent(kv_a, weight, eps: float, rank: int, kv_buffer, loc):
+    """The latent RMSNorm, [c_kv | k_r] and the paged cache write in one op: see reference.store_latent."""
+    fn = (kernel(__name__ + ".triton", "store_latent", kv_a) if FUSED_STORE else None) or reference.store_latent
+    fn(kv_a, weight, eps, rank, kv_buffer, loc)
+
+
+# off: the latent store runs as torch ops around the norm kernel (the decode ladder's "before" stage)
+FUSED_STORE = True

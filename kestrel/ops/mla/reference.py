@@ -9,6 +9,16 @@ The log-sum-exp lets partial results over disjoint key sets be merged exactly (d
 import torch
 
 
+def store_latent(kv_a: torch.Tensor, weight: torch.Tensor, eps: float, rank: int, kv_buffer: torch.Tensor,
+                 loc: torch.Tensor) -> None:
+    """Write each token's cache entry [RMSNorm(c_kv) | k_r] (kv_a = [c_kv | k_r], [T, rank + rope]) into the paged
+    latent cache kv_buffer [P, page_size, rank + rope] at flat slots loc [T] (page loc // page_size)."""
+    from kestrel.ops.norm import rms_norm
+    c_kv, k_r = kv_a.split([rank, kv_a.shape[-1] - rank], dim=-1)
+    ps = kv_buffer.shape[1]
+    kv_buffer[loc // ps, loc % ps] = torch.cat([rms_norm(c_kv, weight, eps), k_r], dim=-1).to(kv_buffer.dtype)
+
+
 def gather_latents(kv_cache: torch.Tensor, page_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
     """kv_cache [num_pages, page_size, D] -> the sequence's latents [seq_len, D]."""
     page_size = kv_cache.shape[1]

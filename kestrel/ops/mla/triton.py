@@ -1,5 +1,6 @@
 """Triton MLA attention: absorbed-form paged decode (split-KV, all heads of a block share each latent tile) and
-causal prefill attention with a query offset; both return the per-head log-sum-exp (natural log)."""
+causal prefill attention with a query offset, both returning the per-head log-sum-exp (natural log); and the
+latent cache write (norm, concatenation and paged store in one kernel)."""
 
 import torch
 import triton
@@ -13,7 +14,7 @@ NUM_SMS = 132
 
 @triton.jit
 def _decode_split_kernel(ql_ptr, qr_ptr, kv_ptr, pt_ptr, sl_ptr, mo_ptr, ml_ptr,
-                         H, R, DR, D, PS, MAXP, NS, scale, stride_page, stride_tok,
+                         H, R, DR, D, PS, MAXP, NS, scale, stride_page, stride_tok, stride_qrb, stride_qrh,
                          BH: tl.constexpr, BR: tl.constexpr, BDR: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
                          PDL: tl.constexpr):
     pdl_prologue(PDL)
@@ -26,7 +27,8 @@ def _decode_split_kernel(ql_ptr, qr_ptr, kv_ptr, pt_ptr, sl_ptr, mo_ptr, ml_ptr,
     rd = tl.arange(0, BDR)
     rn = tl.arange(0, BN)
     ql = tl.load(ql_ptr + (b * H + heads[:, None]) * R + rr[None, :], mask=hm[:, None] & (rr[None, :] < R), other=0.0)
-    qr = tl.load(qr_ptr + (b * H + heads[:, None]) * DR + rd[None, :], mask=hm[:, None] & (rd[None, :] < DR), other=0.0)
+    qr = tl.load(qr_ptr + b * stride_qrb + heads[:, None] * stride_qrh + rd[None, :],
+                 mask=hm[:, None] & (rd[None, :] < DR), other=0.0)
     dt = ql.dtype
     seq_len = tl.load(sl_ptr + b).to(tl.int32)
     split = tl.cdiv(tl.cdiv(seq_len, NS), BN) * BN
@@ -110,9 +112,12 @@ def mla_decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_ran
         return out, lse
     prec = "ieee" if q_lat.dtype == torch.float32 else "tf32"
     BR = triton.next_power_of_2(R)
+    # q_rope is read in place (it is usually the last columns of q): only its rows need not be contiguous
+    q_rope = q_rope if q_rope.stride(-1) == 1 else q_rope.contiguous()
     _decode_split_kernel[(B, HB, NS)](
-        q_lat.contiguous(), q_rope.contiguous(), kv_buffer, page_table.contiguous(), seq_lens, mo, ml,
-        H, R, DR, D, PS, MAXP, NS, float(scale), kv_buffer.stride(0), kv_buffer.stride(1), BH=BH, BR=BR, BDR=max(16, triton.next_power_of_2(DR)),
+        q_lat.contiguous(), q_rope, kv_buffer, page_table.contiguous(), seq_lens, mo, ml,
+        H, R, DR, D, PS, MAXP, NS, float(scale), kv_buffer.stride(0), kv_buffer.stride(1), q_rope.stride(0),
+        q_rope.stride(1), BH=BH, BR=BR, BDR=max(16, triton.next_power_of_2(DR)),
         BN=32 if BR >= 512 else 64, PREC=prec, num_warps=8 if BR >= 512 else 4, num_stages=2, **pdl_args(kv_buffer))
     _decode_combine_kernel[(B * H,)](mo, ml, out, lse, R, NS, BR=BR, BS=max(2, triton.next_power_of_2(NS)),
                                      num_warps=4, **pdl_args(mo))
@@ -188,3 +193,35 @@ def attention_with_lse(q, k, v, scale: float, q_offset: int, causal: bool = True
         CAUSAL=causal, BM=BM, BN=BN if not fp32 else 32, BD=BD, BDV=BDV, PREC="ieee" if fp32 else "tf32",
         num_warps=8 if BM == 64 else 4, num_stages=2)
     return out.to(q.dtype), lse
+
+
+@triton.jit
+def _store_latent_kernel(x_ptr, w_ptr, loc_ptr, kv_ptr, R, D, stride_x, eps, BR: tl.constexpr, BD: tl.constexpr,
+                         PDL: tl.constexpr):
+    """One token: RMSNorm of c_kv (the norm kernel's roundings: normalised row cast to x's dtype, then the weight),
+    k_r copied, both cast to the cache's dtype and stored at the token's flat slot."""
+    pdl_prologue(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    dst = kv_ptr + tl.load(loc_ptr + t).to(tl.int64) * D
+    rr = tl.arange(0, BR)
+    x = tl.load(x_ptr + t * stride_x + rr, mask=rr < R, other=0.0)
+    xf = x.to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / R + eps)
+    y = (xf * r).to(x.dtype).to(tl.float32) * tl.load(w_ptr + rr, mask=rr < R, other=0.0).to(tl.float32)
+    tl.store(dst + rr, y.to(x.dtype).to(kv_ptr.dtype.element_ty), mask=rr < R)
+    rd = R + tl.arange(0, BD)
+    k_r = tl.load(x_ptr + t * stride_x + rd, mask=rd < D, other=0.0)
+    tl.store(dst + rd, k_r.to(kv_ptr.dtype.element_ty), mask=rd < D)
+
+
+def store_latent(kv_a, weight, eps: float, rank: int, kv_buffer, loc):
+    """See reference.store_latent. kv_a may be a column slice of a wider GEMM output (rows strided)."""
+    D = kv_a.shape[-1]
+    if kv_a.dtype == torch.float64 or weight.dtype != kv_a.dtype or kv_a.stride(-1) != 1 or D == rank \
+            or not kv_buffer.is_contiguous():
+        from kestrel.ops.mla.reference import store_latent as ref
+        return ref(kv_a, weight, eps, rank, kv_buffer, loc)
+    if kv_a.shape[0]:
+        _store_latent_kernel[(kv_a.shape[0],)](kv_a, weight, loc, kv_buffer, rank, D, kv_a.stride(0), eps,
+                                               BR=triton.next_power_of_2(rank),
+                                               BD=triton.next_power_of_2(D - rank), num_warps=4, **pdl_args(kv_a))
