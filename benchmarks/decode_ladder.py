@@ -121,7 +121,8 @@ def ladder(cfg, model, args, log, floor_s):
     linear_ops.GEMV_MAX_M = 0  # the stages before the GEMV one: every linear layer on cuBLAS
     linear_ops.FUSE_PROLOGUES = False  # before the last: activations and norms as their own kernels
     ops.PDL = False  # and before the PDL ones: plain launches
-    mla_ops.FUSED_STORE = False  # MLA's latent norm, concatenation and cache write as torch ops until the last
+    # MLA's latent norm, concatenation and cache write as torch ops, its absorbed projections as batched matmuls
+    mla_ops.FUSED_STORE = mla_ops.FUSED_ABSORB = False
     with reference_ops():
         stage("eager, reference ops", lambda: model(fb), 5)
     stage("eager, Triton kernels", lambda: model(fb), 10)
@@ -177,12 +178,15 @@ def ladder(cfg, model, args, log, floor_s):
     settle = kept_stage("+ early settle", "CUDA graph, + settle reads bank and stream before the wait", early,
                         "early settle vs waiting first")
     mla_ops.FUSED_STORE = True
-    kept_stage("+ latent store", "CUDA graph, + MLA latent norm and cache write in one kernel", settle,
-               "one-kernel latent store vs torch ops")
+    store = kept_stage("+ latent store", "CUDA graph, + MLA latent norm and cache write in one kernel", settle,
+                       "one-kernel latent store vs torch ops")
+    mla_ops.FUSED_ABSORB = True
+    kept_stage("+ head GEMVs", "CUDA graph, + MLA absorbed projections as per-head GEMVs", store,
+               "per-head GEMVs vs batched matmuls")
     # (call 6 of the 17:25 session also timed the KDA decode kernels reading their inputs and state before the
     # wait, after a late-trigger gate projection: 1.674 against 1.657 ms without; dropped)
     interleaved(variants, fb, log)
-    for name in (next(iter(variants)), "+ latent store"):
+    for name in (next(iter(variants)), "+ head GEMVs"):
         graph_timeline(lambda: variants[name].run(fb), log, label=name)
     variants.clear()  # the graphs go (their memory pools with them)
     if args.tile_sweep:

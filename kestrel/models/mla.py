@@ -38,7 +38,9 @@ class MLAMixer(nn.Module):
 
     def query(self, x: torch.Tensor, q_a: torch.Tensor | None = None) -> torch.Tensor:
         if hasattr(self, "q_b_proj"):
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x) if q_a is None else q_a))
+            q_a = self.q_a_proj(x) if q_a is None else q_a
+            norm = self.q_a_layernorm  # the q LoRA norm inside a one-row GEMV
+            q = self.q_b_proj.forward_with(Prologue("rms", q_a, lambda: norm(q_a), weight=norm.weight, eps=norm.eps))
         else:
             q = self.q_proj(x) if q_a is None else q_a
         return q.view(x.shape[0], self.num_heads, self.nope + self.rope)
@@ -97,9 +99,9 @@ class MLAMixer(nn.Module):
         """Absorbed-form attention of one query token per page-table row over its first seq_lens keys."""
         w_uk, w_uv = self._kv_b()
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
-        q_lat = torch.einsum("thd,hdr->thr", q_nope, w_uk)
+        q_lat = mla_ops.head_gemv(q_nope, w_uk.transpose(1, 2))  # [T, H, rank]: q_nope through W_uk^T
         out_lat, _ = mla_ops.decode_paged(q_lat, q_rope, buf, page_table, seq_lens, self.rank, self.scale)
-        return torch.einsum("thr,hvr->thv", out_lat.to(q.dtype), w_uv)
+        return mla_ops.head_gemv(out_lat.to(q.dtype), w_uv)  # [T, H, v_dim]
 
     def _batched_training(self, q, latent, fb):
         B, L, H = fb.batch_size, fb.extend_lens[0], self.num_heads

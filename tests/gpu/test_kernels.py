@@ -218,6 +218,20 @@ def test_mla_decode(dtype, page_size):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 7])
+def test_head_gemv(dtype, T):
+    from kestrel.ops.mla import reference as R, triton as K
+    H, Dn, Rk, Dv = (3, 16, 32, 24) if SMALL else (16, 128, 512, 128)
+    w = rnd(H, Dn + Dv, Rk, dtype=dtype)  # kv_b_proj's weight per head: [W_uk; W_uv]
+    w_uk, w_uv = w[:, :Dn], w[:, Dn:]
+    q = rnd(T, H, Dn + 8, dtype=dtype)[..., :Dn]  # q_nope: the first columns of each head's query
+    # absorb in (W_uk read transposed, in place) and out (W_uv's rows), as MLA decode runs them
+    assert rel(K.head_gemv(q, w_uk.transpose(1, 2)), R.head_gemv(q, w_uk.transpose(1, 2))) < TOL[dtype]
+    lat = rnd(T, H, Rk, dtype=dtype)
+    assert rel(K.head_gemv(lat, w_uv), R.head_gemv(lat, w_uv)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("cache_dtype", [None, torch.float32])
 def test_store_latent(dtype, cache_dtype):
     from kestrel.ops.mla import reference as R, triton as K

@@ -29,3 +29,13 @@ def store_latent(kv_a, weight, eps: float, rank: int, kv_buffer, loc):
 
 # off: the latent store runs as torch ops around the norm kernel (the decode ladder's "before" stage)
 FUSED_STORE = True
+
+
+def head_gemv(x, w):
+    """y[t, h] = w[h] @ x[t, h] for x [T, H, K], w [H, N, K]: see reference.head_gemv (a kernel for decode rows)."""
+    fn = (kernel(__name__ + ".triton", "head_gemv", x) if FUSED_ABSORB else None) or reference.head_gemv
+    return fn(x, w)
+
+
+# off: the absorbed projections run as batched matmuls (the decode ladder's "before" stage)
+FUSED_ABSORB = True

@@ -19,6 +19,12 @@ def store_latent(kv_a: torch.Tensor, weight: torch.Tensor, eps: float, rank: int
     kv_buffer[loc // ps, loc % ps] = torch.cat([rms_norm(c_kv, weight, eps), k_r], dim=-1).to(kv_buffer.dtype)
 
 
+def head_gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Per-head matrix-vector products y[t, h] = w[h] @ x[t, h]: x [T, H, K], w [H, N, K] -> [T, H, N] (MLA's
+    absorbed projections: q_nope through W_uk^T, the latent output through W_uv)."""
+    return torch.einsum("thk,hnk->thn", x, w)
+
+
 def gather_latents(kv_cache: torch.Tensor, page_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
     """kv_cache [num_pages, page_size, D] -> the sequence's latents [seq_len, D]."""
     page_size = kv_cache.shape[1]

@@ -1,10 +1,12 @@
 """Triton MLA attention: absorbed-form paged decode (split-KV, all heads of a block share each latent tile) and
-causal prefill attention with a query offset, both returning the per-head log-sum-exp (natural log); and the
-latent cache write (norm, concatenation and paged store in one kernel)."""
+causal prefill attention with a query offset, both returning the per-head log-sum-exp (natural log); the latent
+cache write (norm, concatenation and paged store in one kernel); and the absorbed projections of a few decode rows
+(one GEMV per head, weights read in place in either orientation)."""
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kestrel.ops import pdl_args
 from kestrel.ops.triton_utils import pdl_prologue
@@ -225,3 +227,47 @@ def store_latent(kv_a, weight, eps: float, rank: int, kv_buffer, loc):
         _store_latent_kernel[(kv_a.shape[0],)](kv_a, weight, loc, kv_buffer, rank, D, kv_a.stride(0), eps,
                                                BR=triton.next_power_of_2(rank),
                                                BD=triton.next_power_of_2(D - rank), num_warps=4, **pdl_args(kv_a))
+
+
+@triton.jit
+def _head_gemv_kernel(x_ptr, w_ptr, y_ptr, T, N, K, sxt, sxh, swh, swn, swk, syt, syh, BN: tl.constexpr,
+                      KP: tl.constexpr, PDL: tl.constexpr):
+    """y[t, h, n-block] = w[h, n-block, :] . x[t, h, :] for every row t: the [BN, K] weight tile is loaded whole
+    before the wait (the weights do not depend on the previous kernel), then each row's x after it."""
+    h = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, KP)
+    if PDL:
+        gdc_launch_dependents()
+    w = tl.load(w_ptr + h * swh + rn[:, None] * swn + rk[None, :] * swk, mask=(rn[:, None] < N) & (rk[None, :] < K),
+                other=0.0).to(tl.float32)
+    if PDL:
+        gdc_wait()
+    t = 0
+    while t < T:  # (a while loop: the interpreter cannot bound a range by an argument that was specialised to 1)
+        x = tl.load(x_ptr + t * sxt + h * sxh + rk, mask=rk < K, other=0.0).to(tl.float32)
+        y = tl.sum(w * x[None, :], 1)
+        tl.store(y_ptr + t * syt + h * syh + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+        t += 1
+
+
+# rows a head_gemv call takes (more go to the batched matmul: the kernel loops over rows with its tile resident)
+HEAD_GEMV_MAX_ROWS = 8
+
+
+def head_gemv(x, w):
+    """See reference.head_gemv: y[t, h] = w[h] x[t, h], w [H, N, K] in any strides (a transposed view reads the
+    weights in place)."""
+    T, H, K = x.shape
+    N = w.shape[1]
+    if x.dtype == torch.float64 or T > HEAD_GEMV_MAX_ROWS or x.stride(-1) != 1 or K > 1024:
+        from kestrel.ops.mla.reference import head_gemv as ref
+        return ref(x, w)
+    y = torch.empty(T, H, N, dtype=x.dtype, device=x.device)
+    KP = triton.next_power_of_2(K)
+    BN = max(1, min(triton.next_power_of_2(N), 8192 // KP))
+    if T:
+        _head_gemv_kernel[(H, triton.cdiv(N, BN))](x, w, y, T, N, K, x.stride(0), x.stride(1), w.stride(0),
+                                                   w.stride(1), w.stride(2), y.stride(0), y.stride(1), BN=BN,
+                                                   KP=KP, num_warps=4, **pdl_args(x))
+    return y
