@@ -201,6 +201,17 @@ def test_kda_chunked(dtype):
         assert {key[2][0] for key in _COMPILED if key[0].__name__ == "_diag_kernel"} >= {(dtype, True), (dtype, False)}
 
 
+def test_launch_keys_on_what_triton_specialises():
+    """launch() reuses a compiled kernel only for arguments Triton would have compiled the same way: a tensor's dtype
+    and 16-byte alignment, an int's value class (1, a multiple of 16, beyond int32), other values by type."""
+    from kestrel.ops.triton_utils import _spec
+    base = torch.empty(64, dtype=torch.bfloat16, device=DEV)
+    assert _spec(base) == _spec(base[8:]) != _spec(base[1:])  # 16 bytes in is aligned, 2 is not
+    assert _spec(base) != _spec(base.float())
+    assert len({_spec(1), _spec(2), _spec(32), _spec(2**31), _spec(3)}) == 4 and _spec(2) == _spec(3)
+    assert _spec(True) != _spec(1) and _spec(0.5) == _spec(2.0) and _spec(None) != _spec(0)
+
+
 @pytest.mark.parametrize("dtype", DOT_DTYPES)
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_mla_decode(dtype, page_size):
