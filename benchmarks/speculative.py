@@ -96,7 +96,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--disable-pdl", action="store_true", help="the engine's --disable-pdl (GPU)")
-    ap.add_argument("--out", default="speculative.json", help="JSON results; the plot lands beside it")
+    ap.add_argument("--out", default=None, help="JSON results (none written without it); the plot lands beside it")
     args = ap.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(1)
@@ -224,7 +224,8 @@ def main() -> None:
               f"{budget / per_req_snap:.0f} with snapshots (x{per_req_snap / per_req_replay:.1f})")
         report["window"] = {"this_model": window, "k3_mini": {"replay": replay, "snapshot": snap},
                             "concurrent_64GB": {"replay": budget / per_req_replay, "snapshot": budget / per_req_snap}}
-    save(report, rows, Path(args.out))
+    if args.out:
+        save(report, rows, Path(args.out))
 
 
 def mini_layer_window(cfg, steps: int, snapshot: bool) -> int:
