@@ -383,7 +383,9 @@ _TABLES_MAX = 64
 
 def _device_table(cu: list[int], starts: list[int], C: int, dev: torch.device):
     """(the chunk table on dev, per-sequence chunk offsets) for chunk_table(cu, starts, C), cached."""
-    key = (tuple(cu), tuple(starts), C, dev)
+    # the stream too: a table copied on one stream is not ordered before kernels on another
+    stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else None
+    key = (tuple(cu), tuple(starts), C, dev, stream)
     hit = _TABLES.get(key)
     if hit is not None:
         _TABLES.move_to_end(key)
