@@ -1,12 +1,12 @@
-"""Host-side cost of one kda_chunked call without its kernels: the chunk table, the workspace allocations and views,
-argument handling. The five launches (`launch`) are replaced by no-ops and the tensors live on the meta device (no
-memory, allocation as cheap as a caching allocator's), so this runs on any CPU and times only the Python and torch
-dispatch the GPU waits on before the first kernel (plus what follows it).
+"""Host-side cost of one kda_chunked call without its kernels: the cached chunk table's lookup, the workspace
+allocations and views, argument handling. The five launches (`launch`) are replaced by no-ops and the tensors live
+on the meta device (no memory, allocation as cheap as a caching allocator's), so this runs on any CPU and times only
+the Python and torch dispatch the GPU waits on before the first kernel (plus what follows it).
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/kda_host.py [--heads 96] [--profile]
 
-The pinned copy of the table (made once per batch layout) and the launches themselves are not in it: time those on the device
-(benchmarks/kernels.py prints a host / GPU timeline of one call).
+The pinned copy of the table (made once per batch layout) and the launches themselves are not in it: time those on
+the device (benchmarks/kernels.py prints a host / GPU timeline of one call and the host variants).
 """
 
 import argparse
@@ -49,7 +49,8 @@ def main():
         print(f"kda_chunked host work without launches (T = {T}, 4 sequences, H = {H}): min {lo:.1f} us, "
               f"median {med:.1f} us a call")
         lo, med = per_call_us(lambda: chunk_table(cu, starts, 64), calls=2000)
-        print(f"  of which the chunk table: min {lo:.1f} us, median {med:.1f} us")
+        print(f"  building the chunk table (once per batch layout, then cached; not in the figure above): min {lo:.1f} "
+              f"us, median {med:.1f} us")
         if args.profile:
             import cProfile
             import pstats
