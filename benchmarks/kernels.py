@@ -101,13 +101,18 @@ def chunk_case(H: int, K: int = 128, lens=(1000, 3000, 192, 4000)):
     return cu, q, k, v, g, beta, h0
 
 
-def fla_chunk(fla, case, safe: bool):
-    """A closure running fla's chunk_kda on a chunk_case (safe_gate with its -5 bound, or plain)."""
+def fla_chunk(fla, case, safe: bool, new_cu: bool = False):
+    """A closure running fla's chunk_kda on a chunk_case (safe_gate with its -5 bound, or plain), its cu_seqlens
+    tensor made once (fla caches its chunk indices per tensor) or, with new_cu, made anew every call."""
     cu, q, k, v, g, beta, h0 = case
     cu_t = torch.tensor(cu, device="cuda", dtype=torch.long)
-    return lambda: fla.chunk_kda(q[None], k[None], v[None], g[None], beta[None], scale=q.shape[-1]**-0.5,
-                                 initial_state=h0, output_final_state=True, cu_seqlens=cu_t, safe_gate=safe,
-                                 lower_bound=-5.0 if safe else None)
+
+    def run():
+        c = torch.tensor(cu, device="cuda", dtype=torch.long) if new_cu else cu_t
+        return fla.chunk_kda(q[None], k[None], v[None], g[None], beta[None], scale=q.shape[-1]**-0.5,
+                             initial_state=h0, output_final_state=True, cu_seqlens=c, safe_gate=safe,
+                             lower_bound=-5.0 if safe else None)
+    return run
 
 
 def chunk_host_variants(log, fla, case, H):
@@ -135,14 +140,8 @@ def chunk_host_variants(log, fla, case, H):
 
     sides = [("ours", ours), ("ours, JIT launches", jit_launches), ("ours, new layout each call", fresh)]
     if fla is not None:
-        cu_t = torch.tensor(cu, device="cuda", dtype=torch.long)
-
-        def fla_run(cu_t=None):
-            c = torch.tensor(cu, device="cuda", dtype=torch.long) if cu_t is None else cu_t
-            return fla.chunk_kda(q[None], k[None], v[None], g[None], beta[None], scale=q.shape[-1]**-0.5,
-                                 initial_state=h0, output_final_state=True, cu_seqlens=c, safe_gate=True,
-                                 lower_bound=-5.0)
-        sides += [("fla safe_gate", lambda: fla_run(cu_t)), ("fla safe_gate, new cu_seqlens each call", fla_run)]
+        sides += [("fla safe_gate", fla_chunk(fla, case, True)),
+                  ("fla safe_gate, new cu_seqlens each call", fla_chunk(fla, case, True, new_cu=True))]
     for label, fn in sides:
         try:
             log(f"  host variants H={H}: {label}: wall {cuda_time(fn, iters=10) * 1e6:.1f} us, "

@@ -45,10 +45,6 @@ class MLAMixer(nn.Module):
             q = self.q_proj(x) if q_a is None else q_a
         return q.view(x.shape[0], self.num_heads, self.nope + self.rope)
 
-    def latent(self, x: torch.Tensor, kv_a: torch.Tensor | None = None) -> torch.Tensor:
-        """What the cache holds per token: [RMSNorm(c_kv) | k_r], [T, rank + rope]."""
-        c_kv, k_r = (self.kv_a_proj_with_mqa(x) if kv_a is None else kv_a).split([self.rank, self.rope], dim=-1)
-        return torch.cat([self.kv_a_layernorm(c_kv), k_r], dim=-1)
 
     @torch.no_grad()
     def fuse_projections(self) -> None:
@@ -64,13 +60,14 @@ class MLAMixer(nn.Module):
             q_a, kv_a, *rest = fused(x)
             gate = rest[0] if rest else None
         q, latent = self.query(x, q_a), None
+        kv_a = self.kv_a_proj_with_mqa(x) if kv_a is None else kv_a
+        norm = self.kv_a_layernorm
         if fb.mem is not None:
             # served from the cache: the new tokens' latents go straight into it (one kernel on the GPU)
             buf = fb.mem.kv_buffer(self.layer_id)
-            mla_ops.store_latent(self.kv_a_proj_with_mqa(x) if kv_a is None else kv_a, self.kv_a_layernorm.weight,
-                                 self.kv_a_layernorm.eps, self.rank, buf, fb.out_cache_loc)
+            mla_ops.store_latent(kv_a, norm.weight, norm.eps, self.rank, buf, fb.out_cache_loc)
         else:
-            latent = self.latent(x, kv_a)
+            latent = mla_ops.latent_entries(kv_a, norm.weight, norm.eps, self.rank)  # [T, rank + rope]
         if fb.mode == ForwardMode.DECODE and fb.mem is not None:
             o = self._decode(q, buf, fb.page_table, fb.seq_lens_tensor())
         elif fb.mode == ForwardMode.VERIFY:

@@ -13,10 +13,15 @@ def store_latent(kv_a: torch.Tensor, weight: torch.Tensor, eps: float, rank: int
                  loc: torch.Tensor) -> None:
     """Write each token's cache entry [RMSNorm(c_kv) | k_r] (kv_a = [c_kv | k_r], [T, rank + rope]) into the paged
     latent cache kv_buffer [P, page_size, rank + rope] at flat slots loc [T] (page loc // page_size)."""
+    ps = kv_buffer.shape[1]
+    kv_buffer[loc // ps, loc % ps] = latent_entries(kv_a, weight, eps, rank).to(kv_buffer.dtype)
+
+
+def latent_entries(kv_a: torch.Tensor, weight: torch.Tensor, eps: float, rank: int) -> torch.Tensor:
+    """What the cache holds per token: [RMSNorm(c_kv) | k_r] from kv_a = [c_kv | k_r], [T, rank + rope]."""
     from kestrel.ops.norm import rms_norm
     c_kv, k_r = kv_a.split([rank, kv_a.shape[-1] - rank], dim=-1)
-    ps = kv_buffer.shape[1]
-    kv_buffer[loc // ps, loc % ps] = torch.cat([rms_norm(c_kv, weight, eps), k_r], dim=-1).to(kv_buffer.dtype)
+    return torch.cat([rms_norm(c_kv, weight, eps), k_r], dim=-1)
 
 
 def head_gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
