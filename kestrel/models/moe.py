@@ -23,11 +23,15 @@ class DenseFFN(nn.Module):
         self.up_proj = Linear(hidden, inter, dtype=dtype)
         self.down_proj = Linear(inter, hidden, dtype=dtype)
         self.act = act
+        # set by a parent whose fused GEMM already serves gate and up (the MoE front end): no fusion of our own, which
+        # would move those weights out of the parent's buffer (and leave its fusion invalid)
+        self.fused_by_parent = False
 
     @torch.no_grad()
     def fuse_projections(self) -> None:
         """gate and up projections as one GEMM (inference; no memory duplicated)."""
-        self._fused = FusedLinears(self.gate_proj, self.up_proj)
+        if not self.fused_by_parent:
+            self._fused = FusedLinears(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor, gate_up: tuple[torch.Tensor, torch.Tensor] | None = None,
                 add: torch.Tensor | None = None) -> torch.Tensor:
@@ -83,6 +87,7 @@ class MoE(nn.Module):
         if hasattr(self, "routed_expert_down_proj") and hasattr(self, "shared_experts"):
             se = self.shared_experts
             self._fused = FusedLinears(self.routed_expert_down_proj, se.gate_proj, se.up_proj)
+            se.fused_by_parent = True
 
     def forward(self, x: torch.Tensor, training: bool = False) -> torch.Tensor:
         weights, ids = self.gate(x)  # routing reads x, not the latent

@@ -152,6 +152,12 @@ def test_fused_projections_equal_the_separate_layers(preset):
     fused.fuse_projections()
     kda = next(layer.self_attn for layer in fused.model.layers if layer.is_kda)
     assert hasattr(kda, "_fused_up") == (preset != "k3-tiny")
+    # every fusion stands (none moved another's weights out of its buffer): the MoE front end takes the shared
+    # experts' gate and up, and they do not fuse again on their own
+    fusions = [m._fused for m in fused.modules() if getattr(m, "_fused", None) is not None]
+    assert fusions and all(f.valid() for f in fusions)
+    moe = [layer.block_sparse_moe for layer in fused.model.layers if hasattr(layer, "block_sparse_moe")]
+    assert all(hasattr(m, "_fused") for m in moe) == (preset == "k3-tiny")
     for (name, a), b in zip(model.state_dict().items(), fused.state_dict().values()):
         assert torch.equal(a, b), name
     toks = tokens(40, seed=2)
