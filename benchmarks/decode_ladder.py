@@ -25,6 +25,7 @@ from kestrel.models.presets import init_random  # noqa: E402
 from kestrel.engine.cuda_graph import DecodeGraphRunner  # noqa: E402
 from kestrel.mem.pools import KVPool, Memory, StatePool  # noqa: E402
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
+import kestrel.models.k3 as k3  # noqa: E402
 from kestrel.models.k3 import K3ForCausalLM  # noqa: E402
 from kestrel.models.presets import kimi_linear_subset, preset_config  # noqa: E402
 import kestrel.ops as ops  # noqa: E402
@@ -123,6 +124,8 @@ def ladder(cfg, model, args, log, floor_s):
     ops.PDL = False  # and before the PDL ones: plain launches
     # MLA's latent norm, concatenation and cache write as torch ops, its absorbed projections as batched matmuls
     mla_ops.FUSED_STORE = mla_ops.FUSED_ABSORB = False
+    # routing as its own launch; the settles as their own kernels, before the GEMVs that read them
+    moe_ops.ROUTE_IN_EXPERTS, k3.SETTLE_INTO = False, ()
     with reference_ops():
         stage("eager, reference ops", lambda: model(fb), 5)
     stage("eager, Triton kernels", lambda: model(fb), 10)
@@ -181,13 +184,24 @@ def ladder(cfg, model, args, log, floor_s):
     store = kept_stage("+ latent store", "CUDA graph, + MLA latent norm and cache write in one kernel", settle,
                        "one-kernel latent store vs torch ops")
     mla_ops.FUSED_ABSORB = True
-    kept_stage("+ head GEMVs", "CUDA graph, + MLA absorbed projections as per-head GEMVs", store,
-               "per-head GEMVs vs batched matmuls")
+    absorb = kept_stage("+ head GEMVs", "CUDA graph, + MLA absorbed projections as per-head GEMVs", store,
+                        "per-head GEMVs vs batched matmuls")
+    moe_ops.ROUTE_IN_EXPERTS = True
+    routed = kept_stage("+ routing in experts", "CUDA graph, + expert GEMVs choose the experts", absorb,
+                        "routing inside the expert kernels vs its own launch")
+    settle_into = k3.SETTLE_INTO
+    k3.SETTLE_INTO = ("ffn",)  # not the default: within noise of the separate kernels
+    kept_stage("+ settle in router", "CUDA graph, (not default) MoE settle inside the router GEMV", routed,
+               "settle inside the router GEMV vs its own kernel")
+    k3.SETTLE_INTO = settle_into
+    # (call 1 of the 23:49 session also put the mixer's settle inside its fused projection GEMV: 2.224 against
+    # 1.831 ms; each of its 1604 programs recomputes the settle from L2, 20-30 us a launch)
     # (call 6 of the 17:25 session also timed the KDA decode kernels reading their inputs and state before the
     # wait, after a late-trigger gate projection: 1.674 against 1.657 ms without; dropped)
     interleaved(variants, fb, log)
-    for name in (next(iter(variants)), "+ head GEMVs"):
-        graph_timeline(lambda: variants[name].run(fb), log, label=name)
+    for name in ("+ head GEMVs", "+ routing in experts", "+ settle in router"):
+        graph_timeline(lambda: variants[name].run(fb), log, label=name,
+                       sequence=range(40, 80) if name == "+ routing in experts" else None)
     variants.clear()  # the graphs go (their memory pools with them)
     if args.tile_sweep:
         tile_sweep(captured, fb, log)
@@ -222,30 +236,33 @@ def verify_step(cfg, model, setup, args, log, block: int = 8):
 
 
 def tile_sweep(captured, fb, log):
-    """The final graph with other tiles (rows per program of the one-row GEMV up to / above 4096 outputs, the
-    expert up and down GEMVs' rows per program, the settle's warps), captured one by one and timed turn about: how
-    a launch should be shaped when it is latency-bound inside a PDL graph. (Call 4 of the 17:25 session also timed
-    GEMV rows x2 (0.961x), experts up 8 down 4 (0.979x) and up 2 down 1 (0.988x).)"""
-    from kestrel.ops.attn_res import triton as at
+    """The final graph with other tiles (module settings of the kernels: the one-row GEMV's rows per program, the
+    expert up and down GEMVs' rows, whole-tile limits and warps), captured one by one and timed turn about: how a
+    launch should be shaped when it is latency-bound inside a PDL graph. (Call 4 of the 17:25 session also timed
+    GEMV rows x2 (0.961x), up 2 down 1 (0.988x), settle warps 4 and 16; call 5 of the 23:49 session, against
+    the then default up 4 down 2: up 8 1.025x, up 8 down 4 1.041x, up 8 with 8 warps 0.981x, up 16 with 8 warps
+    0.999x.)"""
     from kestrel.ops.linear import triton as lt
     from kestrel.ops.moe import triton as mt
 
-    default = (lt.ROWS, lt.PREFETCH_MAX, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS, at.WARPS)
     configs = {
-        "default": default,
-        "gemv rows /2": ((2, 4), 16384, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS, at.WARPS),
-        "experts up 8 down 2": (lt.ROWS, lt.PREFETCH_MAX, (8, 8), 2, at.WARPS),
-        "settle 4 warps": (lt.ROWS, lt.PREFETCH_MAX, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS, 4),
-        "settle 16 warps": (lt.ROWS, lt.PREFETCH_MAX, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS, 16),
+        "default": {},
+        "gemv rows /2": {(lt, "ROWS"): (2, 4)},
+        "experts up 4, down 2": {(mt, "GEMV_UP_ROWS"): (4, 4), (mt, "GEMV_DOWN_ROWS"): 2},
+        "experts up 8, 8 warps": {(mt, "UP_WARPS"): 8},
+        "experts up 16, 8 warps": {(mt, "GEMV_UP_ROWS"): (16, 16), (mt, "UP_TILE_MAX"): 16384, (mt, "UP_WARPS"): 8},
     }
     runners = {}
-    for name, (rows, pmax, up, down, warps) in configs.items():
-        lt.ROWS, lt.PREFETCH_MAX, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS, at.WARPS = rows, pmax, up, down, warps
+    for name, overrides in configs.items():
+        saved = {k: getattr(*k) for k in overrides}
+        for (mod, attr), v in overrides.items():
+            setattr(mod, attr, v)
         try:
             runners[name] = captured()
         except Exception as e:  # a tile that does not compile or fit: report and go on
             log(f"tile sweep {name}: {type(e).__name__}: {e}")
-    lt.ROWS, lt.PREFETCH_MAX, mt.GEMV_UP_ROWS, mt.GEMV_DOWN_ROWS, at.WARPS = default
+        for (mod, attr), v in saved.items():
+            setattr(mod, attr, v)
     interleaved(runners, fb, log, rounds=6)
 
 
@@ -263,7 +280,7 @@ def interleaved(variants: dict, fb, log, rounds: int = 8, iters: int = 20):
             f"{base / m:6.3f}x the first")
 
 
-def graph_timeline(run, log, steps: int = 5, top: int = 20, label: str = "graph"):
+def graph_timeline(run, log, steps: int = 5, top: int = 20, label: str = "graph", sequence: range | None = None):
     """Where a graphed step's wall time goes: the kernels as the GPU ran them (the profiler traces a graph's
     kernels), each charged with how far it moved the step's end (its end minus the latest end before it, so launch
     gaps and PDL waits count against the kernel that ended them, and a kernel overlapped by PDL costs little)."""
@@ -273,9 +290,14 @@ def graph_timeline(run, log, steps: int = 5, top: int = 20, label: str = "graph"
         log(f"timeline ({label}): no kernels traced")
         return
     agg, last = {}, ev[0][0]
-    for start, end, name in ev:
+    if sequence is not None:
+        log(f"timeline ({label}), kernels {sequence.start}-{sequence.stop - 1} of the first step: start / duration / "
+            "charged (us)")
+    for i, (start, end, name) in enumerate(ev):
         adv = max(0.0, end - last)
         last = max(last, end)
+        if sequence is not None and i in sequence:
+            log(f"  {i:4d} {start - ev[0][0]:8.1f} {end - start:6.2f} {adv:6.2f}  {name[:60]}")
         n, a, d = agg.get(name, (0, 0.0, 0.0))
         agg[name] = (n + 1, a + adv, d + (end - start))
     span = (ev[-1][1] - ev[0][0]) / steps

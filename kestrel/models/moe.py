@@ -33,13 +33,19 @@ class DenseFFN(nn.Module):
         if not self.fused_by_parent:
             self._fused = FusedLinears(self.gate_proj, self.up_proj)
 
+    def input_weight(self) -> torch.Tensor | None:
+        """The fused gate/up weight, or None when unfused: see KDAMixer.input_weight."""
+        fused = getattr(self, "_fused", None)
+        return fused.weight if fused is not None and fused.valid() else None
+
     def forward(self, x: torch.Tensor, gate_up: tuple[torch.Tensor, torch.Tensor] | None = None,
-                add: torch.Tensor | None = None) -> torch.Tensor:
-        """gate_up: the two input projections when a caller already computed them (a fused front-end GEMM); add: a
-        residual summed into the output (by the down projection's epilogue on GPU)."""
+                add: torch.Tensor | None = None, proj: torch.Tensor | None = None) -> torch.Tensor:
+        """gate_up: the two input projections when a caller already computed them (a fused front-end GEMM); proj:
+        x @ input_weight()^T, computed by the caller; add: a residual summed into the output (by the down
+        projection's epilogue on GPU)."""
         fused = getattr(self, "_fused", None)
         if gate_up is None and fused is not None and fused.valid():
-            gate_up = fused(x)
+            gate_up = fused.split(proj) if proj is not None else fused(x)
         a, b = gate_up if gate_up is not None else (self.gate_proj(x), self.up_proj(x))
         pro = linear_ops.Prologue("act", a, lambda: moe_ops.activate(self.act, a, b), other=b, act=self.act)
         # the activation inside a one-row GEMV; the FFN's last kernel lets its dependents launch late (K3Model)
@@ -56,11 +62,19 @@ class Router(nn.Module):
         self.register_buffer("e_score_correction_bias", torch.zeros(cfg.num_experts, dtype=fp))
         self.cfg = cfg
 
-    def forward(self, x: torch.Tensor):
+    def routing(self) -> moe_ops.Routing:
         c = self.cfg
-        logits = linear_ops.linear(x, self.weight)  # fp32 logits
-        return moe_ops.route(logits, self.e_score_correction_bias, c.num_experts_per_token, c.moe_renormalize,
-                             c.routed_scaling_factor, c.num_expert_group, c.topk_group)
+        return moe_ops.Routing(self.e_score_correction_bias, c.num_experts_per_token, c.moe_renormalize,
+                               c.routed_scaling_factor, c.num_expert_group, c.topk_group)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return linear_ops.linear(x, self.weight)  # fp32 logits
+
+    def forward(self, x: torch.Tensor, logits: torch.Tensor | None = None):
+        """(weights, ids) of the chosen experts; logits: x's, when the caller computed them."""
+        r = self.routing()
+        return moe_ops.route(self.logits(x) if logits is None else logits, r.correction_bias, r.top_k, r.renormalize,
+                             r.scaling, r.num_expert_group, r.topk_group)
 
 
 class MoE(nn.Module):
@@ -89,12 +103,21 @@ class MoE(nn.Module):
             self._fused = FusedLinears(self.routed_expert_down_proj, se.gate_proj, se.up_proj)
             se.fused_by_parent = True
 
-    def forward(self, x: torch.Tensor, training: bool = False) -> torch.Tensor:
-        weights, ids = self.gate(x)  # routing reads x, not the latent
+    def input_weight(self) -> torch.Tensor:
+        """The router's weight, the first linear layer that reads x (see KDAMixer.input_weight)."""
+        return self.gate.weight
+
+    def forward(self, x: torch.Tensor, training: bool = False, proj: torch.Tensor | None = None) -> torch.Tensor:
+        """proj: the router logits x @ input_weight()^T, when the caller computed them."""
+        logits = self.gate.logits(x) if proj is None else proj  # routing reads x, not the latent
+        routing = self.gate.routing()
+        # routed now, before the front end's late-trigger GEMM, unless the expert kernels choose the experts
+        # themselves (the expert kernels may read the routing before their wait: it must be finished by then)
+        chosen = None if moe_ops.routes_in_experts(logits, routing) else self.gate(x, logits)
         fused, shared_in, ids_ready = getattr(self, "_fused", None), None, False
         if fused is not None and fused.valid():
-            # launched so that the routing has finished before the expert kernels can start: they then read the
-            # expert ids and stream the chosen experts' weights while this GEMM runs
+            # launched so that the router has finished before the expert kernels can start: they then choose the
+            # experts and stream their weights while this GEMM runs
             h, *shared_in = fused(x, late_trigger=True)
             ids_ready = True
         else:
@@ -102,12 +125,16 @@ class MoE(nn.Module):
         last = not hasattr(self, "shared_experts")  # which kernel ends the MoE (launches its dependents late)
         if training:
             # every expert on every token, weighted (zero where not routed): more FLOPs, no host syncs
+            weights, ids = chosen if chosen is not None else self.gate(x, logits)
             e = self.experts
             y = moe_ops.experts_dense(h, e.dense("w1", h.dtype), e.dense("w2", h.dtype), e.dense("w3", h.dtype),
                                       weights, ids, self.act)
         else:
-            y = moe_ops.experts(h, self.experts, weights, ids, self.act, ids_ready,
-                                late_trigger=not hasattr(self, "routed_expert_up_proj") and last)
+            late = not hasattr(self, "routed_expert_up_proj") and last
+            if chosen is None:  # the routing inside the expert kernels (one launch fewer)
+                y = moe_ops.experts_routed(h, self.experts, logits, routing, self.act, ids_ready, late_trigger=late)
+            else:
+                y = moe_ops.experts(h, self.experts, *chosen, self.act, ids_ready, late_trigger=late)
         if hasattr(self, "routed_expert_up_proj"):
             norm = getattr(self, "routed_expert_norm", None)
             if norm is not None:  # the latent norm inside a one-row GEMV

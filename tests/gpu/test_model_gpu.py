@@ -93,13 +93,18 @@ def test_graph_decode_matches_eager(fuse):
 
 
 @torch.no_grad()
-def test_pdl_graph_decode_bit_equals_plain_launches(monkeypatch):
+@pytest.mark.parametrize("route_in_experts", [True, False])
+def test_pdl_graph_decode_bit_equals_plain_launches(monkeypatch, route_in_experts):
     """Programmatic dependent launch only moves launches earlier: a kernel that read its inputs before waiting for
     the kernel producing them would race. Several batch-1 (GEMV) steps, graphed with PDL on and off from the same
-    caches, must give bit-identical logits and states."""
+    caches, must give bit-identical logits and states. With the routing as its own launch or inside the expert
+    kernels (which read it before their wait either way)."""
     import kestrel.ops as ops
     from kestrel.engine.cuda_graph import DecodeGraphRunner
     from kestrel.models.forward_batch import ForwardBatch, ForwardMode
+    from kestrel.ops import moe as moe_ops
+
+    monkeypatch.setattr(moe_ops, "ROUTE_IN_EXPERTS", route_in_experts)
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs Hopper or later")

@@ -2,7 +2,7 @@
 
 from kestrel.ops import kernel
 from kestrel.ops.moe import reference
-from kestrel.ops.moe.reference import Activation  # noqa: F401
+from kestrel.ops.moe.reference import Activation, Routing  # noqa: F401
 from kestrel.ops.moe.reference import moe_experts_dense as experts_dense  # noqa: F401
 
 
@@ -39,6 +39,31 @@ def experts(x, experts_weights, weights, ids, act, ids_ready: bool = False, late
     if 1 < T and T * w1.shape[0] <= DENSE_MAX_PAIRS:
         return reference.moe_experts_dense(x, w1, w2, w3, weights, ids, act)
     return reference.moe_experts_grouped(x, w1, w2, w3, weights, ids, act)
+
+
+# off: routing is its own launch before the expert kernels (the decode ladder's "before" stage)
+ROUTE_IN_EXPERTS = True
+
+
+def routes_in_experts(logits, routing: Routing) -> bool:
+    """Whether experts_routed chooses the experts inside the expert kernels for these logits (GPU, small batches).
+    When it does not, a caller that wants the expert kernels to read the routing before their wait (ids_ready)
+    must route first, before the kernel that launches them late."""
+    fn = kernel(__name__ + ".triton", "routes_in_kernel", logits)
+    return ROUTE_IN_EXPERTS and fn is not None and fn(logits, routing)
+
+
+def experts_routed(x, experts_weights, logits, routing: Routing, act, ids_ready: bool = False,
+                   late_trigger: bool = False):
+    """experts(x, experts_weights, *route(logits, ...routing), act): on GPU the small-batch expert kernels choose
+    the experts from the logits themselves (one launch fewer). ids_ready: as for experts, about the logits (and it
+    holds only where routes_in_experts: a routing launched here runs after the caller's late-trigger kernel)."""
+    if routes_in_experts(logits, routing):
+        fn = kernel(__name__ + ".triton", "moe_experts_routed", x)
+        return fn(x, experts_weights, logits, routing, act, ids_ready and EARLY_IDS, late_trigger)
+    weights, ids = route(logits, routing.correction_bias, routing.top_k, routing.renormalize, routing.scaling,
+                         routing.num_expert_group, routing.topk_group)
+    return experts(x, experts_weights, weights, ids, act, False, late_trigger)
 
 
 def activate(act, a, b):

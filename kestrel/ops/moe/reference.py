@@ -33,6 +33,18 @@ class Activation:
         return silu_mul(a, b)
 
 
+@dataclass
+class Routing:
+    """A sigmoid router's selection rule over its logits (the arguments of route after the logits)."""
+
+    correction_bias: torch.Tensor | None
+    top_k: int
+    renormalize: bool
+    scaling: float
+    num_expert_group: int = 1
+    topk_group: int = 1
+
+
 def route(
     logits: torch.Tensor,
     correction_bias: torch.Tensor | None,

@@ -18,10 +18,50 @@ from kestrel.ops.triton_utils import act as _act, pdl_prologue
 
 GEMV_MAX_PAIRS = 64
 # GEMV tiles: rows of the gate/up projection per program (fewer / at least 8 pairs), rows of the down projection
-# per program. `benchmarks/kernels.py --sections cold` sweeps them: at one token on the H200, (4, 2) streams the
-# chosen experts at 1.70 TB/s against 1.41 for (8, 4)
-GEMV_UP_ROWS = (4, 4)
-GEMV_DOWN_ROWS = 2
+# per program. Alone and cold (`benchmarks/kernels.py --sections cold`), (4, 2) streams the chosen experts at
+# 1.70 TB/s against 1.41 for (8, 4); but inside the k3-mini decode graph, with the weights streamed before the
+# wait, (8, 4) is 4% faster a step (`decode_ladder.py --tile-sweep`, 2026-12-01)
+GEMV_UP_ROWS = (8, 8)
+GEMV_DOWN_ROWS = 4
+# the largest tiles (elements) loaded whole before the wait: up, per projection (w1 and w3 each); down, all k
+# experts' tiles together (the one-row GEMV's register budget); warps per up program
+UP_TILE_MAX, DOWN_TILE_MAX, UP_WARPS = 8192, 16384, 4
+
+
+@triton.jit
+def _choice(logits_ptr, bias_ptr, t, re, E, HAS_BIAS: tl.constexpr):
+    """(sigmoid scores, selection scores) of experts `re` for token t; padding and NaN rows select last."""
+    em = re < E
+    scores = tl.sigmoid(tl.load(logits_ptr + t * E + re, mask=em, other=0.0).to(tl.float32))
+    choice = scores
+    if HAS_BIAS:
+        choice = scores + tl.load(bias_ptr + re, mask=em, other=0.0).to(tl.float32)
+    choice = tl.where(em, choice, -float("inf"))
+    # NaN rows (padded graph rows) must still yield valid expert ids
+    return scores, tl.where(choice == choice, choice, -float("inf"))
+
+
+@triton.jit
+def _route_row(logits_ptr, bias_ptr, t, E, scaling, TOPK: tl.constexpr, HAS_BIAS: tl.constexpr,
+               RENORM: tl.constexpr, BE: tl.constexpr):
+    """Token t's top-k experts ids [TOPK] (int64, best first; ties to the lower id) and their weights [TOPK] (fp32,
+    renormalised and scaled). Each expert's rank (how many experts beat it) is counted against blocks of the
+    others at once, not found by TOPK dependent max reductions."""
+    re = tl.arange(0, BE)
+    scores, choice = _choice(logits_ptr, bias_ptr, t, re, E, HAS_BIAS)
+    FB: tl.constexpr = 32 if BE > 32 else BE
+    rank = tl.zeros([BE], tl.int32)
+    for f0 in tl.static_range(0, BE, FB):
+        rf = f0 + tl.arange(0, FB)
+        _, cf = _choice(logits_ptr, bias_ptr, t, rf, E, HAS_BIAS)
+        beats = (cf[None, :] > choice[:, None]) | ((cf[None, :] == choice[:, None]) & (rf[None, :] < re[:, None]))
+        rank += tl.sum(beats.to(tl.int32), 1)
+    sel = rank[:, None] == tl.arange(0, TOPK)[None, :]  # [BE, TOPK]
+    ids = tl.minimum(tl.sum(tl.where(sel, re[:, None], 0), 0), E - 1).to(tl.int64)
+    wv = tl.sum(tl.where(sel, scores[:, None], 0.0), 0)
+    if RENORM:
+        wv = wv / (tl.sum(wv, 0) + 1e-20)
+    return ids, wv * scaling
 
 
 @triton.jit
@@ -30,29 +70,10 @@ def _route_kernel(logits_ptr, bias_ptr, w_ptr, ids_ptr, E, scaling,
                   PDL: tl.constexpr):
     pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64)
-    re = tl.arange(0, BE)
-    em = re < E
-    x = tl.load(logits_ptr + t * E + re, mask=em, other=0.0).to(tl.float32)
-    scores = tl.sigmoid(x)
-    choice = scores
-    if HAS_BIAS:
-        choice = scores + tl.load(bias_ptr + re, mask=em, other=0.0).to(tl.float32)
-    choice = tl.where(em, choice, -float("inf"))
-    # NaN rows (padded graph rows) must still yield valid expert ids
-    choice = tl.where(choice == choice, choice, -float("inf"))
+    ids, wv = _route_row(logits_ptr, bias_ptr, t, E, scaling, TOPK, HAS_BIAS, RENORM, BE)
     rk = tl.arange(0, TOPK)
-    wv = tl.zeros([TOPK], tl.float32)
-    iv = tl.zeros([TOPK], tl.int64)
-    for j in tl.static_range(TOPK):
-        best = tl.max(choice, 0)
-        idx = tl.minimum(tl.min(tl.where(choice == best, re, BE), 0), E - 1)
-        wv = tl.where(rk == j, tl.sum(tl.where(re == idx, scores, 0.0), 0), wv)
-        iv = tl.where(rk == j, idx.to(tl.int64), iv)
-        choice = tl.where(re == idx, -float("inf"), choice)
-    if RENORM:
-        wv = wv / (tl.sum(wv, 0) + 1e-20)
-    tl.store(ids_ptr + t * TOPK + rk, iv)
-    tl.store(w_ptr + t * TOPK + rk, wv * scaling)
+    tl.store(ids_ptr + t * TOPK + rk, ids)
+    tl.store(w_ptr + t * TOPK + rk, wv)
 
 
 def route(logits, correction_bias, top_k, renormalize, scaling, num_expert_group=1, topk_group=1):
@@ -94,19 +115,26 @@ def _load_w(w_ptr, s_ptr, e, rows, cols, n_rows, n_cols, QUANT: tl.constexpr):
 
 
 @triton.jit
-def _gemv_up_kernel(x_ptr, ids_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, D: tl.constexpr, I: tl.constexpr,
-                    TOPK: tl.constexpr, beta, linear_beta, BI: tl.constexpr, BK: tl.constexpr, QUANT: tl.constexpr,
-                    SITU: tl.constexpr, IDS_READY: tl.constexpr, PDL: tl.constexpr):
+def _gemv_up_kernel(x_ptr, ids_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, lg_ptr, bias_ptr, E, scaling,
+                    D: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, beta, linear_beta, BI: tl.constexpr,
+                    BK: tl.constexpr, QUANT: tl.constexpr, SITU: tl.constexpr, IDS_READY: tl.constexpr,
+                    ROUTE: tl.constexpr, HAS_BIAS: tl.constexpr, RENORM: tl.constexpr, BE: tl.constexpr,
+                    PDL: tl.constexpr):
     """IDS_READY (the routing finished before this kernel could start; see moe_experts): the expert ids are read
-    and the whole weight tile loaded before waiting for x (BK >= D), so the stream overlaps the kernel before."""
+    and the whole weight tile loaded before waiting for x (BK >= D), so the stream overlaps the kernel before.
+    ROUTE: the ids are chosen here from the router logits (see _route_row), not read."""
     if PDL:
         gdc_launch_dependents()
         if not IDS_READY:
             gdc_wait()
     p = tl.program_id(0).to(tl.int64)  # (token, slot) pair
     ib = tl.program_id(1)
-    e = tl.load(ids_ptr + p)
     t = p // TOPK
+    if ROUTE:
+        ids, _ = _route_row(lg_ptr, bias_ptr, t, E, scaling, TOPK, HAS_BIAS, RENORM, BE)
+        e = tl.sum(tl.where(tl.arange(0, TOPK) == p % TOPK, ids, 0), 0)
+    else:
+        e = tl.load(ids_ptr + p)
     rows = ib * BI + tl.arange(0, BI)
     a = tl.zeros([BI], tl.float32)
     b = tl.zeros([BI], tl.float32)
@@ -133,12 +161,14 @@ def _gemv_up_kernel(x_ptr, ids_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, D: tl
 
 
 @triton.jit
-def _gemv_down_kernel(h_ptr, ids_ptr, wts_ptr, w2_ptr, s2_ptr, out_ptr, D: tl.constexpr, I: tl.constexpr,
-                      TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, QUANT: tl.constexpr,
-                      IDS_READY: tl.constexpr, LATE_TRIGGER: tl.constexpr, PDL: tl.constexpr):
+def _gemv_down_kernel(h_ptr, ids_ptr, wts_ptr, w2_ptr, s2_ptr, out_ptr, lg_ptr, bias_ptr, E, scaling,
+                      D: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                      QUANT: tl.constexpr, IDS_READY: tl.constexpr, LATE_TRIGGER: tl.constexpr, ROUTE: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, RENORM: tl.constexpr, BE: tl.constexpr, PDL: tl.constexpr):
     """IDS_READY (dense weights, TOPK a power of two, BK >= I): the k experts' [BN, I] tiles are loaded as one
     [k, BN, I] block before waiting for h; the k products are then summed as a tree, not in order. LATE_TRIGGER:
-    dependents launch only after this kernel's wait."""
+    dependents launch only after this kernel's wait. ROUTE: the ids and weights come from the router logits (see
+    _route_row; TOPK a power of two)."""
     if PDL:
         if not LATE_TRIGGER:
             gdc_launch_dependents()
@@ -150,11 +180,15 @@ def _gemv_down_kernel(h_ptr, ids_ptr, wts_ptr, w2_ptr, s2_ptr, out_ptr, D: tl.co
     nb = tl.program_id(1)
     rows = nb * BN + tl.arange(0, BN)
     dt = out_ptr.dtype.element_ty
+    if ROUTE:
+        ev, wv = _route_row(lg_ptr, bias_ptr, t, E, scaling, TOPK, HAS_BIAS, RENORM, BE)
+        wv = wv.to(dt).to(tl.float32)
     if IDS_READY:
         jj = tl.arange(0, TOPK)
         cols = tl.arange(0, BK)
-        ev = tl.load(ids_ptr + t * TOPK + jj).to(tl.int64)
-        wv = tl.load(wts_ptr + t * TOPK + jj).to(dt).to(tl.float32)
+        if not ROUTE:
+            ev = tl.load(ids_ptr + t * TOPK + jj).to(tl.int64)
+            wv = tl.load(wts_ptr + t * TOPK + jj).to(dt).to(tl.float32)
         w = tl.load(w2_ptr + (ev[:, None, None] * D + rows[None, :, None]) * I + cols[None, None, :],
                     mask=(rows[None, :, None] < D) & (cols[None, None, :] < I), other=0.0)
         if PDL:
@@ -169,13 +203,19 @@ def _gemv_down_kernel(h_ptr, ids_ptr, wts_ptr, w2_ptr, s2_ptr, out_ptr, D: tl.co
         # unrolled over the k experts and the inner width, summed in a fixed order (deterministic, no atomics)
         for j in tl.static_range(TOPK):
             p = t * TOPK + j
-            e = tl.load(ids_ptr + p)
+            if ROUTE:
+                jm = tl.arange(0, TOPK) == j
+                e = tl.sum(tl.where(jm, ev, 0), 0)
+                wj = tl.sum(tl.where(jm, wv, 0.0), 0)
+            else:
+                e = tl.load(ids_ptr + p)
+                wj = tl.load(wts_ptr + p).to(dt).to(tl.float32)
             y = tl.zeros([BN], tl.float32)
             for k0 in tl.static_range(0, I, BK):
                 cols = k0 + tl.arange(0, BK)
                 hv = tl.load(h_ptr + p * I + cols, mask=cols < I, other=0.0).to(tl.float32)
                 y += tl.sum(_load_w(w2_ptr, s2_ptr, e, rows, cols, D, I, QUANT) * hv[None, :], 1)
-            acc += y.to(dt).to(tl.float32) * tl.load(wts_ptr + p).to(dt).to(tl.float32)
+            acc += y.to(dt).to(tl.float32) * wj
     tl.store(out_ptr + t * D + rows, acc.to(dt), mask=rows < D)
 
 
@@ -260,11 +300,31 @@ def _sort_pairs(ids: torch.Tensor, E: int, BM: int):
     return pairs, bexp
 
 
-def moe_experts(x, experts_weights, weights, ids, act, ids_ready: bool = False, late_trigger: bool = False):
-    """See kestrel.ops.moe.experts: x [T, D] -> [T, D_out] in x's dtype."""
+def routes_in_kernel(logits, routing) -> bool:
+    """Whether moe_experts_routed's expert GEMVs choose the experts themselves (see _route_row)."""
+    k = routing.top_k
+    return (logits.shape[0] * k <= GEMV_MAX_PAIRS and routing.num_expert_group <= routing.topk_group
+            and not k & (k - 1) and logits.dtype != torch.float64 and logits.shape[-1] >= k)
+
+
+def moe_experts_routed(x, experts_weights, logits, routing, act, ids_ready: bool = False,
+                       late_trigger: bool = False):
+    """See kestrel.ops.moe.experts_routed: the small-batch expert GEMVs choose the experts from the logits
+    (no routing launch); other batches route first."""
+    if x.dtype == torch.float64 or not routes_in_kernel(logits, routing):
+        weights, ids = route(logits, routing.correction_bias, routing.top_k, routing.renormalize, routing.scaling,
+                             routing.num_expert_group, routing.topk_group)
+        return moe_experts(x, experts_weights, weights, ids, act, ids_ready, late_trigger)
+    return moe_experts(x, experts_weights, None, None, act, ids_ready, late_trigger, (logits.contiguous(), routing))
+
+
+def moe_experts(x, experts_weights, weights, ids, act, ids_ready: bool = False, late_trigger: bool = False,
+                routed=None):
+    """See kestrel.ops.moe.experts: x [T, D] -> [T, D_out] in x's dtype. routed: (logits, Routing) in place of
+    weights and ids (see moe_experts_routed)."""
     ew = experts_weights
     T, D = x.shape
-    TOPK = ids.shape[1]
+    TOPK = ids.shape[1] if routed is None else routed[1].top_k
     I = ew.inter
     Dout = ew.hidden
     E = ew.num_experts
@@ -272,8 +332,15 @@ def moe_experts(x, experts_weights, weights, ids, act, ids_ready: bool = False, 
         from kestrel.ops.moe.reference import moe_experts as ref
         return ref(x, ew.dense("w1", x.dtype), ew.dense("w2", x.dtype), ew.dense("w3", x.dtype), weights, ids, act)
     x = x.contiguous()
-    ids = ids.contiguous()
-    weights = weights.contiguous()
+    if routed is None:
+        ids, weights = ids.contiguous(), weights.contiguous()
+        lg, bias, rt = x, None, None  # (unused)
+    else:
+        (lg, rt), ids, weights = routed, x, x  # (ids and weights unused)
+        bias = rt.correction_bias
+    route_args = dict(ROUTE=rt is not None, HAS_BIAS=bias is not None, BE=triton.next_power_of_2(lg.shape[-1]),
+                      RENORM=rt is not None and bool(rt.renormalize) and TOPK > 1)
+    route_ptrs = (lg, bias if bias is not None else lg, lg.shape[-1], float(rt.scaling) if rt is not None else 1.0)
     (w1, s1), (w2, s2), (w3, s3) = _weights(ew, "w1"), _weights(ew, "w2"), _weights(ew, "w3")
     q = bool(ew.quantized)
     situ = act.kind == "situ"
@@ -284,17 +351,19 @@ def moe_experts(x, experts_weights, weights, ids, act, ids_ready: bool = False, 
     if NP <= GEMV_MAX_PAIRS:
         BI, BN = GEMV_UP_ROWS[NP >= 8], GEMV_DOWN_ROWS
         DP, IP = triton.next_power_of_2(D), triton.next_power_of_2(I)
-        # tiles loaded whole before the wait only within the one-row GEMV's register budget (its PREFETCH_MAX)
-        up_early = ids_ready and BI * DP <= gemv.PREFETCH_MAX // 2
-        down_early = ids_ready and not q and TOPK & (TOPK - 1) == 0 and TOPK * BN * IP <= gemv.PREFETCH_MAX
-        _gemv_up_kernel[(NP, triton.cdiv(I, BI))](x, ids, w1, s1, w3, s3, h, D, I, TOPK, act.beta, act.linear_beta,
-                                                 BI=BI, BK=DP if up_early else min(512, DP), QUANT=q, SITU=situ,
-                                                 IDS_READY=up_early, num_warps=4, **pdl_args(x))
+        # tiles loaded whole before the wait only within the register budget
+        up_early = ids_ready and BI * DP <= UP_TILE_MAX
+        down_early = ids_ready and not q and TOPK & (TOPK - 1) == 0 and TOPK * BN * IP <= DOWN_TILE_MAX
+        _gemv_up_kernel[(NP, triton.cdiv(I, BI))](x, ids, w1, s1, w3, s3, h, *route_ptrs, D, I, TOPK, act.beta,
+                                                 act.linear_beta, BI=BI, BK=DP if up_early else min(512, DP),
+                                                 QUANT=q, SITU=situ, IDS_READY=up_early, **route_args,
+                                                 num_warps=UP_WARPS,
+                                                 **pdl_args(x))
         out = torch.empty(T, Dout, dtype=x.dtype, device=x.device)
-        _gemv_down_kernel[(T, triton.cdiv(Dout, BN))](h, ids, weights, w2, s2, out, Dout, I, TOPK, BN=BN,
-                                                      BK=IP if down_early else min(512, IP), QUANT=q,
-                                                      IDS_READY=down_early, LATE_TRIGGER=late_trigger, num_warps=4,
-                                                      **pdl_args(h))
+        _gemv_down_kernel[(T, triton.cdiv(Dout, BN))](h, ids, weights, w2, s2, out, *route_ptrs, Dout, I, TOPK,
+                                                      BN=BN, BK=IP if down_early else min(512, IP), QUANT=q,
+                                                      IDS_READY=down_early, LATE_TRIGGER=late_trigger, **route_args,
+                                                      num_warps=4, **pdl_args(h))
         return out
     BM = 64 if NP >= 4096 else 16
     pairs, bexp = _sort_pairs(ids, E, BM)
