@@ -31,8 +31,10 @@ def test_chunked_equals_recurrent(T, with_state, lb):
 
 
 @pytest.mark.parametrize("lb", [None, -5.0])
-def test_packed_varlen_equals_one_by_one(lb):
-    lens, starts = [1, 63, 64, 65, 130, 7], [0, 5, 64, 0, 100, 63]
+@pytest.mark.parametrize("layout", ["mixed", "whole chunks"])
+def test_packed_varlen_equals_one_by_one(lb, layout):
+    # "whole chunks": equal lengths starting on chunk boundaries, served as one view of the packed batch
+    lens, starts = ([1, 63, 64, 65, 130, 7], [0, 5, 64, 0, 100, 63]) if layout == "mixed" else ([64] * 3, [0, 64, 128])
     q, k, v, g, b = make(sum(lens), lb=lb, seed=1)
     S0 = torch.randn(len(lens), 2, 8, 6, dtype=torch.float64)
     cu = [0]

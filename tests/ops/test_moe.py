@@ -14,6 +14,19 @@ def test_situ_formula():
     assert ref.situ(torch.tensor([1e6]), torch.tensor([1e6])).item() <= 100.0 + 1e-3
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_situ_in_place_equals_the_expression_and_keeps_gradients(dtype):
+    """The in-place evaluation rounds exactly as the written-out expression; with gradients it takes the expression
+    (in-place ops would overwrite what autograd saved)."""
+    a, b = (torch.randn(300, 24) * 4).to(dtype), (torch.randn(300, 24) * 40).to(dtype)
+    af, bf = a.float(), b.float()
+    want = (4.0 * torch.tanh(af / 4.0) * torch.sigmoid(af) * (25.0 * torch.tanh(bf / 25.0))).to(dtype)
+    assert torch.equal(ref.situ(a, b), want)
+    ag, bg = af.clone().requires_grad_(), bf.clone().requires_grad_()
+    ref.situ(ag, bg).sum().backward()
+    assert torch.isfinite(ag.grad).all() and ag.grad.abs().sum() > 0 and bg.grad.abs().sum() > 0
+
+
 def test_route_bias_chooses_scores_weight():
     logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]], dtype=D64)
     bias = torch.tensor([10.0, 0.0, 0.0, 0.0], dtype=D64)

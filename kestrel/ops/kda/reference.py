@@ -165,8 +165,13 @@ def kda_chunked(
     lens = [cu[i + 1] - cu[i] for i in range(n_seq)]
     Tp = max(-(-(f + L) // C) * C for f, L in zip(fronts, lens)) if n_seq else 0
 
-    # pad each sequence with no-op tokens (k = v = g = beta = 0 leave the state unchanged) to whole chunks
+    # pad each sequence with no-op tokens (k = v = g = beta = 0 leave the state unchanged) to whole chunks; a batch of
+    # whole-chunk sequences starting at chunk boundaries is one view (a batch of equal prompts: no per-sequence copies)
+    aligned = n_seq > 0 and all(f == 0 and L == Tp for f, L in zip(fronts, lens))
+
     def pad(x):
+        if aligned:
+            return x.to(dt).view(n_seq, Tp, *x.shape[1:])
         buf = x.new_zeros((n_seq, Tp, *x.shape[1:]), dtype=dt)
         for i in range(n_seq):
             buf[i, fronts[i] : fronts[i] + lens[i]] = x[cu[i] : cu[i + 1]]
@@ -175,7 +180,10 @@ def kda_chunked(
     qp, kp, vp, gp, bp = (pad(t) for t in (q, k, v, g, beta))
     S0 = torch.zeros(n_seq, H, K, V, dtype=dt, device=v.device) if initial_state is None else initial_state.to(dt)
     o_pad, final, states = _chunked_batched(qp, kp, vp, gp, bp, scale, S0, C, factored)
-    out = torch.cat([o_pad[i, fronts[i] : fronts[i] + lens[i]] for i in range(n_seq)]).to(v.dtype)
+    if aligned:
+        out = o_pad.reshape(n_seq * Tp, *o_pad.shape[2:]).to(v.dtype)
+    else:
+        out = torch.cat([o_pad[i, fronts[i] : fronts[i] + lens[i]] for i in range(n_seq)]).to(v.dtype)
     if not output_chunk_states:
         return out, final
     per_seq = []
