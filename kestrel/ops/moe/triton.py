@@ -300,11 +300,19 @@ def _sort_pairs(ids: torch.Tensor, E: int, BM: int):
     return pairs, bexp
 
 
+# tokens up to which the expert GEMVs route themselves: every program ranks its token's experts, so the cost grows
+# with the programs per launch. Measured at one token (k3-mini decode: neutral to 7% faster a step); the k3-mini
+# verify step (8 tokens, 4096 up programs) took 4.62-5.37 ms with it against 4.02 ms before (calls 4-6 of the
+# 23:49 session), so more tokens route first (not re-measured on the H200 since)
+ROUTE_IN_KERNEL_MAX_TOKENS = 1
+
+
 def routes_in_kernel(logits, routing) -> bool:
     """Whether moe_experts_routed's expert GEMVs choose the experts themselves (see _route_row)."""
     k = routing.top_k
-    return (logits.shape[0] * k <= GEMV_MAX_PAIRS and routing.num_expert_group <= routing.topk_group
-            and not k & (k - 1) and logits.dtype != torch.float64 and logits.shape[-1] >= k)
+    return (logits.shape[0] <= ROUTE_IN_KERNEL_MAX_TOKENS and logits.shape[0] * k <= GEMV_MAX_PAIRS
+            and routing.num_expert_group <= routing.topk_group and not k & (k - 1)
+            and logits.dtype != torch.float64 and logits.shape[-1] >= k)
 
 
 def moe_experts_routed(x, experts_weights, logits, routing, act, ids_ready: bool = False,
