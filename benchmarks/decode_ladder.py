@@ -187,21 +187,24 @@ def ladder(cfg, model, args, log, floor_s):
     absorb = kept_stage("+ head GEMVs", "CUDA graph, + MLA absorbed projections as per-head GEMVs", store,
                         "per-head GEMVs vs batched matmuls")
     moe_ops.ROUTE_IN_EXPERTS = True
-    routed = kept_stage("+ routing in experts", "CUDA graph, + expert GEMVs choose the experts", absorb,
-                        "routing inside the expert kernels vs its own launch")
-    settle_into = k3.SETTLE_INTO
-    k3.SETTLE_INTO = ("ffn",)  # not the default: within noise of the separate kernels
-    kept_stage("+ settle in router", "CUDA graph, (not default) MoE settle inside the router GEMV", routed,
-               "settle inside the router GEMV vs its own kernel")
-    k3.SETTLE_INTO = settle_into
+    kept_stage("+ routing in experts", "CUDA graph, + expert GEMVs choose the experts", absorb,
+               "routing inside the expert kernels vs its own launch")
+    # (call 7 of the 2026-12-01 01:16 session also let the router GEMV's last program, found by an atomic counter,
+    # choose the experts for the expert kernels to read: 1.395 against 1.371 ms interleaved; its routing added
+    # ~2.4 us to the router's launch on the chain and took ~1.4 from the up GEMV; dropped)
+    # (the settle inside the router GEMV, k3.SETTLE_INTO = ("ffn",), was within noise of its own kernel in calls
+    # 4-6 of the 23:49 session, 1.425 against 1.414 ms interleaved; no longer timed)
     # (call 1 of the 23:49 session also put the mixer's settle inside its fused projection GEMV: 2.224 against
     # 1.831 ms; each of its 1604 programs recomputes the settle from L2, 20-30 us a launch)
     # (call 6 of the 17:25 session also timed the KDA decode kernels reading their inputs and state before the
     # wait, after a late-trigger gate projection: 1.674 against 1.657 ms without; dropped)
+    # (call 1 of the 2026-12-01 01:16 session timed L2 prefetches, benchmarks/device_run47.sh: the router GEMV's
+    # last program asking L2 for the chosen experts, 1.391 -> 3.770 ms; the settles asking for their sublayer's
+    # other weights, -> 6.777 ms. Reverted: see docs/kernels.md)
     interleaved(variants, fb, log)
-    for name in ("+ head GEMVs", "+ routing in experts", "+ settle in router"):
+    for name in ("+ head GEMVs", "+ routing in experts"):
         graph_timeline(lambda: variants[name].run(fb), log, label=name,
-                       sequence=range(40, 80) if name == "+ routing in experts" else None)
+                       sequence=range(44, 72) if name == "+ routing in experts" else None)
     variants.clear()  # the graphs go (their memory pools with them)
     if args.tile_sweep:
         tile_sweep(captured, fb, log)
@@ -241,7 +244,10 @@ def tile_sweep(captured, fb, log):
     launch should be shaped when it is latency-bound inside a PDL graph. (Call 4 of the 17:25 session also timed
     GEMV rows x2 (0.961x), up 2 down 1 (0.988x), settle warps 4 and 16; call 5 of the 23:49 session, against
     the then default up 4 down 2: up 8 1.025x, up 8 down 4 1.041x, up 8 with 8 warps 0.981x, up 16 with 8 warps
-    0.999x.)"""
+    0.999x; the 2026-12-01 01:16 session, against up 8 / down 4: the up tile's columns split across the wait, a
+    quarter / half before it, 0.960x / 0.979x; the up kernel capped at 128 registers 0.989x; whole-tile GEMVs with
+    more tiles than k programs an SM run as k programs an SM each serving several tiles, k = 2 / 3 / 4 / 6:
+    0.919x / 0.944x / 0.979x / 1.001x. Those knobs were not kept.)"""
     from kestrel.ops.linear import triton as lt
     from kestrel.ops.moe import triton as mt
 
@@ -393,7 +399,11 @@ def main():
     log(f"{args.preset}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f} B params; batch-1 step moves "
         f"{nbytes / 1e9:.3f} GB -> floor {floor_s * 1e3:.3f} ms ({1 / floor_s:.0f} tok/s), ctx {args.ctx}")
     rows = ladder(cfg, model, args, log, floor_s)
+    # the sweep's graphs as the engine captures them: programmatic dependent launch on unless --skip-pdl (until the
+    # 2026-12-01 01:16 session the sweep ran after the ladder had turned it off again: plain launches)
+    ops.PDL = not args.skip_pdl
     sweep = [] if args.skip_sweep else batch_sweep(cfg, model, args, log)
+    ops.PDL = False
     del model
     gc.collect()
     torch.cuda.empty_cache()
