@@ -121,6 +121,7 @@ def ladder(cfg, model, args, log, floor_s):
     pdl = not args.skip_pdl  # the last stages (the engine's default; --disable-pdl turns it off)
     linear_ops.GEMV_MAX_M = 0  # the stages before the GEMV one: every linear layer on cuBLAS
     linear_ops.FUSE_PROLOGUES = False  # before the last: activations and norms as their own kernels
+    linear_ops.FUSE_PAIRS = False  # the MoE tail's two projections as two GEMVs
     ops.PDL = False  # and before the PDL ones: plain launches
     # MLA's latent norm, concatenation and cache write as torch ops, its absorbed projections as batched matmuls
     mla_ops.FUSED_STORE = mla_ops.FUSED_ABSORB = False
@@ -187,8 +188,14 @@ def ladder(cfg, model, args, log, floor_s):
     absorb = kept_stage("+ head GEMVs", "CUDA graph, + MLA absorbed projections as per-head GEMVs", store,
                         "per-head GEMVs vs batched matmuls")
     moe_ops.ROUTE_IN_EXPERTS = True
-    kept_stage("+ routing in experts", "CUDA graph, + expert GEMVs choose the experts", absorb,
-               "routing inside the expert kernels vs its own launch")
+    routed = kept_stage("+ routing in experts", "CUDA graph, + expert GEMVs choose the experts", absorb,
+                        "routing inside the expert kernels vs its own launch")
+    linear_ops.FUSE_PAIRS = True
+    kept_stage("+ paired MoE tail", "CUDA graph, + MoE up and shared down projections as one GEMV", routed,
+               "paired tail vs two GEMVs")
+    # (call 2 of the 2026-12-01 02:47 session, benchmarks/device_run56.sh, also timed the KDA gate's up projection
+    # inside the prep kernel, 1.414 against 1.417 ms; the dense FFN's K = 8192 down projection loading whole tiles
+    # of two rows, with its activation inside, 1.418, or as its own kernel, 1.416: all within noise, not kept)
     # (call 7 of the 2026-12-01 01:16 session also let the router GEMV's last program, found by an atomic counter,
     # choose the experts for the expert kernels to read: 1.395 against 1.371 ms interleaved; its routing added
     # ~2.4 us to the router's launch on the chain and took ~1.4 from the up GEMV; dropped)
@@ -202,9 +209,8 @@ def ladder(cfg, model, args, log, floor_s):
     # last program asking L2 for the chosen experts, 1.391 -> 3.770 ms; the settles asking for their sublayer's
     # other weights, -> 6.777 ms. Reverted: see docs/kernels.md)
     interleaved(variants, fb, log)
-    for name in ("+ head GEMVs", "+ routing in experts"):
-        graph_timeline(lambda: variants[name].run(fb), log, label=name,
-                       sequence=range(44, 72) if name == "+ routing in experts" else None)
+    for name in ("+ routing in experts", "+ paired MoE tail"):
+        graph_timeline(lambda: variants[name].run(fb), log, label=name, sequence=range(0, 72))
     variants.clear()  # the graphs go (their memory pools with them)
     if args.tile_sweep:
         tile_sweep(captured, fb, log)

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from kestrel.models.config import K3Config
-from kestrel.models.layers.linear import ExpertWeights, FusedLinears, Linear
+from kestrel.models.layers.linear import ExpertWeights, FusedLinears, Linear, linear_pair
 from kestrel.models.layers.norm import RMSNorm
 from kestrel.ops import linear as linear_ops
 from kestrel.ops import moe as moe_ops
@@ -38,18 +38,22 @@ class DenseFFN(nn.Module):
         fused = getattr(self, "_fused", None)
         return fused.weight if fused is not None and fused.valid() else None
 
+    def down_input(self, x: torch.Tensor, gate_up: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   proj: torch.Tensor | None = None) -> linear_ops.Prologue:
+        """The down projection's input act(gate, up) as a prologue (see forward for gate_up and proj)."""
+        fused = getattr(self, "_fused", None)
+        if gate_up is None and fused is not None and fused.valid():
+            gate_up = fused.split(proj) if proj is not None else fused(x)
+        a, b = gate_up if gate_up is not None else (self.gate_proj(x), self.up_proj(x))
+        return linear_ops.Prologue("act", a, lambda: moe_ops.activate(self.act, a, b), other=b, act=self.act)
+
     def forward(self, x: torch.Tensor, gate_up: tuple[torch.Tensor, torch.Tensor] | None = None,
                 add: torch.Tensor | None = None, proj: torch.Tensor | None = None) -> torch.Tensor:
         """gate_up: the two input projections when a caller already computed them (a fused front-end GEMM); proj:
         x @ input_weight()^T, computed by the caller; add: a residual summed into the output (by the down
         projection's epilogue on GPU)."""
-        fused = getattr(self, "_fused", None)
-        if gate_up is None and fused is not None and fused.valid():
-            gate_up = fused.split(proj) if proj is not None else fused(x)
-        a, b = gate_up if gate_up is not None else (self.gate_proj(x), self.up_proj(x))
-        pro = linear_ops.Prologue("act", a, lambda: moe_ops.activate(self.act, a, b), other=b, act=self.act)
         # the activation inside a one-row GEMV; the FFN's last kernel lets its dependents launch late (K3Model)
-        return self.down_proj.forward_with(pro, add, late_trigger=True)
+        return self.down_proj.forward_with(self.down_input(x, gate_up, proj), add, late_trigger=True)
 
 
 class Router(nn.Module):
@@ -140,6 +144,10 @@ class MoE(nn.Module):
             if norm is not None:  # the latent norm inside a one-row GEMV
                 y0 = y
                 pro = linear_ops.Prologue("rms", y0, lambda: norm(y0), weight=norm.weight, eps=norm.eps)
+                if not last:  # the latent up projection and the shared experts' down projection: one launch
+                    se = self.shared_experts
+                    return linear_pair(self.routed_expert_up_proj, pro, se.down_proj, se.down_input(x, shared_in),
+                                       late_trigger=True)
                 y = self.routed_expert_up_proj.forward_with(pro, late_trigger=last)
             else:
                 y = self.routed_expert_up_proj(y, late_trigger=last)

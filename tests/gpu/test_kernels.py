@@ -439,6 +439,41 @@ def test_linear_prologue(dtype, M, kind):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 3])
+@pytest.mark.parametrize("kb", ["same", "wider"])
+def test_linear_pair(dtype, M, kb):
+    """Two GEMVs summed into one output (the latent MoE's up projection with its RMSNorm prologue, the shared
+    experts' down projection with the SiTU prologue) in one launch: bit-equal to the first GEMV, then the second
+    adding the first's output in its epilogue; and a second input wider than the first."""
+    from kestrel.ops import linear as L
+    from kestrel.ops.linear import Prologue, triton as K
+    from kestrel.ops.moe import Activation
+    from kestrel.ops.moe import triton as MK
+    from kestrel.ops.norm import triton as NK
+    N, KA = (40, 32) if SMALL else (2048, 1024)
+    KB = KA if kb == "same" else 2 * KA
+    xa, nw = rnd(M, KA, dtype=dtype), rnd(KA, dtype=dtype)
+    buf = rnd(M, 3 * KB, dtype=dtype)
+    a, b = buf[:, :KB], buf[:, 2 * KB :]  # row-strided views, like the split outputs of the front GEMM
+    wa, wb = rnd(N, KA, dtype=dtype, scale=KA**-0.5), rnd(N, KB, dtype=dtype, scale=KB**-0.5)
+    act = Activation("situ", 4.0, 25.0)
+    pro_a = Prologue("rms", xa, lambda: NK.rms_norm(xa, nw, 1e-6), weight=nw, eps=1e-6)
+    pro_b = Prologue("act", a, lambda: MK.activate(act, a, b), other=b, act=act)
+    assert K.fits_pair(N, KA, KB)
+    y = K.linear_pair(xa, wa, pro_a, a, wb, pro_b)
+    two = K.linear(a, wb, K.linear(xa, wa, None, pro_a), pro_b)
+    if kb == "same" and not (INTERPRET and dtype == torch.bfloat16):
+        assert torch.equal(y, two)
+    else:  # a wider second tile may take other warps than its own launch (and the interpreter truncates bf16)
+        assert rel(y, two) < TOL[dtype]
+    ref = torch.nn.functional.linear(pro_b.apply().float(), wb.float()) + torch.nn.functional.linear(
+        pro_a.apply().float(), wa.float())
+    assert rel(y, ref) < TOL[dtype]
+    # the dispatcher: one launch at one row, the two GEMVs (or ops) otherwise; the same sums either way
+    assert rel(L.linear_pair(pro_a, wa, pro_b, wb), two) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("M", [1, 3, 4])
 @pytest.mark.parametrize("whole_tile", [True, False])
 def test_linear_gemv(dtype, M, whole_tile, monkeypatch):

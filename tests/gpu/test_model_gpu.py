@@ -135,6 +135,43 @@ def test_pdl_graph_decode_bit_equals_plain_launches(monkeypatch, route_in_expert
 
 
 @torch.no_grad()
+def test_paired_moe_tail_bit_equals_two_gemvs(monkeypatch):
+    """At batch 1 the latent MoE's up projection and the shared experts' down projection run as one paired GEMV:
+    decode steps from the same caches give bit-identical logits and states with the pair and with the two GEMVs,
+    and the pair really ran (once per MoE layer and step)."""
+    from kestrel.models.forward_batch import ForwardBatch, ForwardMode
+    from kestrel.ops import linear as linear_ops
+    from kestrel.ops.linear import triton as LK
+
+    cfg, model, mem = _setup(torch.bfloat16, fuse=True)
+    ps = 16
+    pages, slots = _live_sequences(mem, 1)
+    pt = torch.tensor(pages, dtype=torch.int32, device="cuda")
+    tensors = list(mem.state.conv.values()) + list(mem.state.ssm.values()) + list(mem.kv.buffers.values())
+    snap = [t.clone() for t in tensors]
+    calls = []
+    pair = LK.linear_pair
+    monkeypatch.setattr(LK, "linear_pair", lambda *a, **k: calls.append(1) or pair(*a, **k))
+    results = {}
+    for on in (False, True):
+        monkeypatch.setattr(linear_ops, "FUSE_PAIRS", on)
+        for t, s in zip(tensors, snap):
+            t.copy_(s)
+        logits = []
+        for step, ctx in enumerate(range(40, 44)):
+            fb = ForwardBatch(ForwardMode.DECODE, torch.tensor([5 + step], device="cuda"),
+                              torch.tensor([ctx], device="cuda"), [1], [ctx], mem=mem, page_table=pt,
+                              out_cache_loc=torch.tensor([pages[0][ctx // ps] * ps + ctx % ps], device="cuda"),
+                              state_slots=torch.tensor(slots, device="cuda"))
+            logits.append(model(fb).logits.clone())
+        results[on] = (torch.stack(logits), [t.clone() for t in tensors])
+    moe_layers = sum(1 for layer in model.model.layers if hasattr(layer, "block_sparse_moe"))
+    assert moe_layers and len(calls) == 4 * moe_layers
+    assert torch.equal(results[True][0], results[False][0])
+    assert all(torch.equal(a, b) for a, b in zip(results[True][1], results[False][1]))
+
+
+@torch.no_grad()
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_graph_verify_matches_eager_and_folds_like_decode(dtype):
     """The CUDA-graph verify (padded blocks of mixed real lengths) gives the eager verify's logits, features and

@@ -36,6 +36,15 @@ class Linear(nn.Module):
         return f"{self.in_features} -> {self.out_features}"
 
 
+def linear_pair(a: Linear, pro_a: linear_ops.Prologue, b: Linear, pro_b: linear_ops.Prologue,
+                late_trigger: bool = False) -> torch.Tensor:
+    """b.forward_with(pro_b, add=a.forward_with(pro_a)): two projections summed into one output, one launch where
+    the one-row GEMV serves both."""
+    if a.bias is None and b.bias is None:
+        return linear_ops.linear_pair(pro_a, a.weight, pro_b, b.weight, late_trigger)
+    return b.forward_with(pro_b, a.forward_with(pro_a), late_trigger)
+
+
 class ExpertWeights(nn.Module):
     """Routed-expert weights stacked per expert: w1, w3 [E, I, D] (gate, up) and w2 [E, D, I] (down).
 

@@ -61,17 +61,40 @@ class Prologue:
 FUSE_PROLOGUES = True
 
 
+def _gemv_input(pro: Prologue, weight: torch.Tensor) -> bool:
+    """Whether a prologue's input is one the one-row GEMV reads (2-D, one row, the weight's dtype, unit stride)."""
+    x = pro.x
+    return (x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_M and x.dtype == weight.dtype != torch.float64
+            and weight.is_contiguous() and x.stride(-1) == 1 and (pro.other is None or pro.other.stride(-1) == 1))
+
+
 def linear_with(pro: Prologue, weight: torch.Tensor, add: torch.Tensor | None = None,
                 late_trigger: bool = False) -> torch.Tensor:
     """linear(pro.apply(), weight, add) for 2-D inputs, with the prologue inside the GEMV where it serves the call."""
     x = pro.x
-    if (FUSE_PROLOGUES and x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_M and x.dtype == weight.dtype != torch.float64
-            and weight.is_contiguous() and x.stride(-1) == 1 and (add is None or add.dtype == x.dtype)
-            and (pro.other is None or pro.other.stride(-1) == 1)):
+    if FUSE_PROLOGUES and _gemv_input(pro, weight) and (add is None or add.dtype == x.dtype):
         fits = kernel(__name__ + ".triton", "fits_prologue", x)
         if fits is not None and fits(*weight.shape):
             return kernel(__name__ + ".triton", "linear", x)(x, weight, add, pro, late_trigger=late_trigger)
     return linear(pro.apply(), weight, add, late_trigger)
+
+
+# off: a sublayer's two summed projections run as two GEMVs (the decode ladder's stage before the pair)
+FUSE_PAIRS = True
+
+
+def linear_pair(pro_a: Prologue, weight_a: torch.Tensor, pro_b: Prologue, weight_b: torch.Tensor,
+                late_trigger: bool = False) -> torch.Tensor:
+    """linear_with(pro_b, weight_b, add=linear_with(pro_a, weight_a)): two projections into one output, summed as
+    the second's epilogue sums a residual. One launch where the one-row GEMV serves both (bit-equal to the two)."""
+    if (FUSE_PROLOGUES and FUSE_PAIRS and _gemv_input(pro_a, weight_a) and _gemv_input(pro_b, weight_b)
+            and pro_a.x.shape[0] == pro_b.x.shape[0] and weight_a.shape[0] == weight_b.shape[0]
+            and weight_a.dtype == weight_b.dtype and "gated_rms" not in (pro_a.kind, pro_b.kind)):
+        fits = kernel(__name__ + ".triton", "fits_pair", pro_a.x)
+        if fits is not None and fits(weight_a.shape[0], weight_a.shape[1], weight_b.shape[1]):
+            pair = kernel(__name__ + ".triton", "linear_pair", pro_a.x)
+            return pair(pro_a.x, weight_a, pro_a, pro_b.x, weight_b, pro_b, late_trigger=late_trigger)
+    return linear_with(pro_b, weight_b, linear_with(pro_a, weight_a), late_trigger)
 
 
 def linear_stacked(x: torch.Tensor, weight: torch.Tensor, groups: int) -> list[torch.Tensor]:

@@ -11,6 +11,9 @@ act(a, b) of a gated MLP, RMSNorm(x) * w, the per-head gated RMSNorm of KDA's ou
 x * sigmoid(g). Every program recomputes
 the (cheap, L2-resident) transform of the whole row; roundings follow the unfused kernels, so an elementwise
 prologue is bit-equal to running them first.
+
+`linear_pair` runs two whole-tile GEMVs whose outputs are summed (each with its own prologue) as one launch, each
+product rounded as its own launch rounds it: bit-equal to the second GEMV adding the first's output.
 """
 
 import torch
@@ -111,6 +114,37 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, add_ptr, x2_ptr, nw_ptr, M, N, GN, sx, sx2
     tl.store(y_ptr + rm[:, None] * N + rows[None, :], y, mask=out_mask)
 
 
+@triton.jit
+def _gemv_pair_kernel(xa_ptr, xa2_ptr, nwa_ptr, wa_ptr, sxa, sxa2, eps_a, xb_ptr, xb2_ptr, nwb_ptr, wb_ptr, sxb, sxb2,
+                      eps_b, beta, lbeta, y_ptr, M, N, KA: tl.constexpr, KPA: tl.constexpr, PRO_A: tl.constexpr,
+                      KB: tl.constexpr, KPB: tl.constexpr, PRO_B: tl.constexpr, SITU: tl.constexpr,
+                      BM: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr, LATE_TRIGGER: tl.constexpr):
+    """Two one-row GEMVs into one output, each rounded as its own launch would round it: round(round(A) +
+    round(B)) with A = wa @ pro_a(xa), B = wb @ pro_b(xb). Both whole tiles are loaded before the wait."""
+    nb = tl.program_id(0)
+    rows = nb * BN + tl.arange(0, BN)
+    rm = tl.arange(0, BM)
+    if PDL and not LATE_TRIGGER:
+        gdc_launch_dependents()
+    ca = tl.arange(0, KPA)
+    cb = tl.arange(0, KPB)
+    wa = tl.load(wa_ptr + rows[:, None].to(tl.int64) * KA + ca[None, :], mask=(rows[:, None] < N) & (ca[None, :] < KA),
+                 other=0.0)
+    wb = tl.load(wb_ptr + rows[:, None].to(tl.int64) * KB + cb[None, :], mask=(rows[:, None] < N) & (cb[None, :] < KB),
+                 other=0.0)
+    if PDL:
+        gdc_wait()
+        if LATE_TRIGGER:
+            gdc_launch_dependents()
+    acc_a = _dot_rows(tl.zeros([BM, BN], tl.float32), wa.to(tl.float32), xa_ptr, xa2_ptr, nwa_ptr, sxa, sxa2, ca, M,
+                      KA, KPA, eps_a, beta, lbeta, BM, PRO_A, SITU, 1)
+    acc_b = _dot_rows(tl.zeros([BM, BN], tl.float32), wb.to(tl.float32), xb_ptr, xb2_ptr, nwb_ptr, sxb, sxb2, cb, M,
+                      KB, KPB, eps_b, beta, lbeta, BM, PRO_B, SITU, 1)
+    dt = y_ptr.dtype.element_ty
+    y = (acc_b.to(dt).to(tl.float32) + acc_a.to(dt).to(tl.float32)).to(dt)
+    tl.store(y_ptr + rm[:, None] * N + rows[None, :], y, mask=(rm[:, None] < M) & (rows[None, :] < N))
+
+
 # (rows per program, K per step) override for benchmarks/kernels.py's tile sweep; None = the rule below
 TILE = None
 # rows per program up to N = 4096 outputs and above (the decode ladder's --tile-sweep times others in the model)
@@ -149,17 +183,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = Non
     BN, BK, prefetch = _tile(N, K)
     assert groups == 1 or ((N // groups) % BN == 0 and pro is None)
     use_pdl = pdl(x)
-    kind, x2, nw, eps, beta, lbeta, situ, group = NONE, x, x, 0.0, 1.0, 1.0, False, 1
-    if pro is not None:
-        assert prefetch, "a prologue needs the whole-tile GEMV"
-        kind = {"act": ACT, "rms": RMS, "gated_rms": GATED_RMS, "gate": GATE}[pro.kind]
-        x2 = pro.other if pro.other is not None else x
-        nw = pro.weight if pro.weight is not None else weight  # (unused)
-        assert x2.stride(-1) == 1 and nw.is_contiguous()
-        assert pro.kind != "gated_rms" or (K % pro.group == 0 and pro.group & (pro.group - 1) == 0)
-        eps, group = float(pro.eps), int(pro.group or 1)
-        if pro.act is not None:
-            beta, lbeta, situ = float(pro.act.beta), float(pro.act.linear_beta), pro.act.kind == "situ"
+    assert pro is None or prefetch, "a prologue needs the whole-tile GEMV"
+    kind, x2, nw, eps, beta, lbeta, situ, group = _pro_args(pro, x, weight)
     if M:
         if add is not None:
             assert add.shape == y.shape and add.dtype == y.dtype
@@ -171,4 +196,61 @@ def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = Non
                                            STACKED=groups > 1, LATE_TRIGGER=late_trigger, num_stages=1,
                                            launch_pdl=use_pdl,
                                            num_warps=8 if prefetch and BN * prefetch >= 16384 else 4)
+    return y
+
+
+def _pro_args(pro, x: torch.Tensor, weight: torch.Tensor):
+    """(PRO kind, second input, norm weight, eps, beta, linear beta, SiTU, group) of a prologue (or None) for the
+    GEMV kernels; unused pointers are x and weight."""
+    if pro is None:
+        return NONE, x, weight, 0.0, 1.0, 1.0, False, 1
+    kind = {"act": ACT, "rms": RMS, "gated_rms": GATED_RMS, "gate": GATE}[pro.kind]
+    x2 = pro.other if pro.other is not None else x
+    nw = pro.weight if pro.weight is not None else weight
+    assert x2.stride(-1) == 1 and nw.is_contiguous()
+    K = weight.shape[1]
+    assert pro.kind != "gated_rms" or (K % pro.group == 0 and pro.group & (pro.group - 1) == 0)
+    beta, lbeta, situ = 1.0, 1.0, False
+    if pro.act is not None:
+        beta, lbeta, situ = float(pro.act.beta), float(pro.act.linear_beta), pro.act.kind == "situ"
+    return kind, x2, nw, float(pro.eps), beta, lbeta, situ, int(pro.group or 1)
+
+
+def fits_pair(N: int, KA: int, KB: int) -> bool:
+    """Whether linear_pair serves these shapes: each GEMV alone would load its whole tile, with the same warps
+    (so each tile keeps the layout, and its sums the order, of its own launch)."""
+    (BN, _, pa), (_, _, pb) = _tile(N, KA), _tile(N, KB)
+    return pa > 0 and pb > 0 and (BN * pa >= 16384) == (BN * pb >= 16384)
+
+
+def linear_pair(xa: torch.Tensor, wa: torch.Tensor, pro_a, xb: torch.Tensor, wb: torch.Tensor, pro_b,
+                late_trigger: bool = False) -> torch.Tensor:
+    """linear(pro_b(xb), wb, add=linear(pro_a(xa), wa)) in one launch, bit-equal to the two GEMVs when each tile
+    has the layout its own launch gives it (same rows per program and warps): xa [M, KA], xb [M, KB], wa [N, KA],
+    wb [N, KB]. The pair where a sublayer ends in two projections summed (the latent MoE's up projection and the
+    shared experts' down projection): one kernel boundary fewer on the decode chain."""
+    M, KA = xa.shape
+    KB = xb.shape[1]
+    N = wa.shape[0]
+    assert M <= 8 and xb.shape[0] == M and wb.shape[0] == N and wa.shape[1] == KA and wb.shape[1] == KB
+    assert wa.is_contiguous() and wb.is_contiguous() and xa.stride(-1) == 1 and xb.stride(-1) == 1
+    assert fits_pair(N, KA, KB) and wa.dtype == wb.dtype == xa.dtype == xb.dtype
+    ka, xa2, nwa, eps_a, beta_a, lbeta_a, situ_a, _ = _pro_args(pro_a, xa, wa)
+    kb, xb2, nwb, eps_b, beta_b, lbeta_b, situ_b, _ = _pro_args(pro_b, xb, wb)
+    assert GATED_RMS not in (ka, kb), "a grouped prologue is not paired"
+    assert ka != ACT or kb != ACT or (beta_a, lbeta_a, situ_a) == (beta_b, lbeta_b, situ_b)
+    beta, lbeta, situ = (beta_a, lbeta_a, situ_a) if ka == ACT else (beta_b, lbeta_b, situ_b)
+    y = torch.empty(M, N, dtype=xa.dtype, device=xa.device)
+    BN = _tile(N, KA)[0]
+    KPA, KPB = triton.next_power_of_2(KA), triton.next_power_of_2(KB)
+    use_pdl = pdl(xa)
+    if M:
+        # each tile's warps as its own GEMV launch would have them (the same reduction order, so the same sums)
+        warps = 8 if BN * max(KPA, KPB) >= 16384 else 4
+        _gemv_pair_kernel[(triton.cdiv(N, BN),)](xa, xa2, nwa, wa, xa.stride(0), xa2.stride(0), eps_a, xb, xb2, nwb,
+                                                wb, xb.stride(0), xb2.stride(0), eps_b, beta, lbeta, y, M, N, KA=KA,
+                                                KPA=KPA, PRO_A=ka, KB=KB, KPB=KPB, PRO_B=kb, SITU=situ,
+                                                BM=triton.next_power_of_2(M), BN=BN, PDL=use_pdl,
+                                                LATE_TRIGGER=late_trigger, num_stages=1, launch_pdl=use_pdl,
+                                                num_warps=warps)
     return y
