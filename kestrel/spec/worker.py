@@ -6,8 +6,8 @@ features kept from the request's previous forward, the planner trims each block,
 in one VERIFY forward (KDA state read, not written; step inputs stored), the sampler's rules accept a prefix, and
 ReplaySSM folds exactly the committed steps into the state. The features at the last committed position are kept
 for the next draft. On CUDA the drafting, the verify forward and the fold each replay a CUDA graph (blocks are
-padded to one length for that), and a step synchronises with the host twice: to read the drafts and the target's
-greedy tokens.
+padded to one length for that). A step synchronises with the host once (the drafts come back with the target's
+greedy tokens, after the verify), or twice when the planner prunes (it reads the drafter's confidences first).
 """
 
 import logging
@@ -105,9 +105,10 @@ class SpecWorker:
                 draft = self.draft_graphs.run(feats, x0, prune)
             else:
                 draft = self.drafter.propose(feats, x0, self.gamma, want_probs=False, want_confidence=prune)
+            # a pruning plan reads the confidences now; otherwise the drafts reach the host only with the verify
+            # outputs, so the host builds and launches the verify while the drafter still runs (one sync a step)
             keep = self._plan(draft.confidence, b.max_drafts) if prune else list(b.max_drafts)
-            drafted = draft.tokens.tolist()
-        drafts = [drafted[i][: keep[i]] for i in range(B)]
+            drafted = draft.tokens.tolist() if prune else None
         lens = [1 + k for k in keep]
         # below the planner every block is verified whole: use the full-block graph even when requests near their
         # end draft less (a graph per block length would be captured mid-serving)
@@ -120,7 +121,10 @@ class SpecWorker:
             out, graphed = self._target(fb)
             self.window_bytes = sum(rec.nbytes() for rec in fb.replay.values())
             top = out.logits.argmax(-1).tolist() if any(st.params.greedy for st in b.sampling_states) else None
+            if drafted is None:
+                drafted = draft.tokens.tolist()
         t_verify = time.perf_counter() - t_verify
+        drafts = [drafted[i][: keep[i]] for i in range(B)]
         with record_function("spec.accept"):
             results = [accept(out.logits[i * L : i * L + lens[i]], drafts[i], st, top and top[i * L : i * L + lens[i]])
                        for i, st in enumerate(b.sampling_states)]

@@ -252,3 +252,20 @@ def test_graph_verify_matches_eager_and_folds_like_decode(dtype):
     with reference_ops():
         ref = model(fb())
     assert rel(logits_g[valid], ref.logits[valid]) < 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_drafter_norm_kernel_matches_the_formula(dtype):
+    """Drafting on the GPU (no autograd) takes the RMSNorm kernel, training the differentiable formula: the same
+    norm within rounding, on row-strided inputs, with and without a weight."""
+    from kestrel.spec.drafter import rms
+
+    x = torch.randn(5, 7, 256, device="cuda").to(dtype)[:, 2]  # rows 7 * 256 apart
+    w = (1 + 0.1 * torch.randn(256, device="cuda")).to(dtype)
+    for weight in (w, None):
+        with torch.no_grad():
+            fast = rms(x, 1e-6, weight)
+        with torch.enable_grad():
+            ref = rms(x, 1e-6, weight)
+        assert fast.dtype == ref.dtype == dtype
+        assert rel(fast, ref) < (1e-6 if dtype == torch.float32 else 1e-2)
