@@ -66,7 +66,7 @@ def step_phases(args, prompts) -> dict[str, float]:
     out = {}
     for key in ("plain", "dspark"):
         core = make(args, max_running_requests=1, **({"speculative_algorithm": "dspark"} if key == "dspark" else {}))
-        generate(core, prompts[:1], 8)  # warm-up
+        generate(core, prompts, 8)  # warm-up (every prompt's prefill shape)
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
         with profile(activities=acts) as prof:
             reqs, elapsed = generate(core, prompts, args.new_tokens)
@@ -78,6 +78,10 @@ def step_phases(args, prompts) -> dict[str, float]:
         for e in prof.key_averages():
             if e.key.startswith("spec."):  # the CPU range (its GPU annotation twin carries no CPU time)
                 out[e.key[5:]] = max(out.get(e.key[5:], 0.0), e.cpu_time_total / 1e3 / steps)
+                # and the GPU twin: how long the range's kernels kept the device busy
+                gpu = getattr(e, "device_time_total", 0.0) / 1e3 / steps
+                if gpu > 0:
+                    out["gpu " + e.key[5:]] = max(out.get("gpu " + e.key[5:], 0.0), gpu)
         out["whole step"] = elapsed / steps * 1e3
         out["tokens per step"] = sum(len(r.output_ids) for r in reqs) / steps
     return out
@@ -129,7 +133,9 @@ def main() -> None:
             for key in times:
                 kw = {"speculative_algorithm": "dspark"} if key == "dspark" else {}
                 core = make(args, max_running_requests=1, **kw)
-                generate(core, prompts[:2], args.new_tokens)  # warm-up: first-use compiles stay off the clock
+                # warm-up over every prompt: a prefill of a new length may compile a kernel variant (Triton
+                # specialises integer arguments), which must not land in either side's timed run
+                generate(core, prompts, 8)
                 reqs, elapsed = generate(core, prompts, args.new_tokens)
                 times[key].append(len(prompts) * args.new_tokens / elapsed)
                 outs[key] = [r.output_ids for r in reqs]
@@ -140,7 +146,8 @@ def main() -> None:
             same = sum(a == b for a, b in zip(outs["plain"], outs["dspark"]))
             print(f"   greedy outputs identical for {same} of {len(prompts)} prompts (kernel rounding flips the rest)")
         plain, spec = statistics.median(times["plain"]), statistics.median(times["dspark"])
-        print(f"   plain {plain:.1f} tok/s, DSpark {spec:.1f} tok/s: x{spec / plain:.2f}")
+        rounds = "; ".join(f"{k} " + ", ".join(f"{t:.1f}" for t in v) for k, v in times.items())
+        print(f"   plain {plain:.1f} tok/s, DSpark {spec:.1f} tok/s: x{spec / plain:.2f} (rounds: {rounds})")
         report["batch1"] = {"plain": plain, "dspark": spec, "speedup": spec / plain}
         report["batch1_phases_ms"] = phases = step_phases(args, prompts[:4])
         print("   one speculative step at batch 1, wall ms per verify step: "

@@ -1,0 +1,96 @@
+"""Where the engine's batch-1 decode time goes on the host: plain and DSpark decoding of the bundled model, each
+timed, then profiled with cProfile (own time and cumulative time of the heaviest functions).
+
+    python benchmarks/host_profile.py [--device cuda --dtype bfloat16] [--prompts 4] [--new-tokens 64] [--top 25]
+
+cProfile slows Python-heavy code more than kernels, so the profiled run's share of host work is an upper bound;
+the timed run before it is the figure to quote.
+"""
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+
+from kestrel.config import ServerArgs
+from kestrel.engine.core import EngineCore
+
+
+def run(core: EngineCore, prompts, new: int) -> tuple[float, int]:
+    """Seconds to generate `new` tokens for each prompt (one request at a time) and the engine steps taken."""
+    params = {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}
+    steps, start = 0, time.perf_counter()
+    for p in prompts:
+        core.add_request(core.make_request(p, params))
+        while core.has_work():
+            core.step()
+            steps += 1
+    return time.perf_counter() - start, steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--modes", default="plain,dspark")
+    args = ap.parse_args()
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    for mode in args.modes.split(","):
+        kw = {"speculative_algorithm": "dspark"} if mode == "dspark" else {}
+        core = EngineCore(ServerArgs(dtype=args.dtype, device=args.device, disable_overlap_schedule=True,
+                                     max_running_requests=1, **kw))
+        vocab = core.model.cfg.vocab_size
+        prompts = [torch.randint(3, vocab, (32,), generator=gen).tolist() for _ in range(args.prompts)]
+        run(core, prompts[:1], 16)  # warm-up (first-use compiles and captures)
+        elapsed, steps = run(core, prompts, args.new_tokens)
+        tokens = len(prompts) * args.new_tokens
+        print(f"== {mode}: {tokens / elapsed:.1f} tok/s, {elapsed / steps * 1e3:.3f} ms a step, "
+              f"{tokens / steps:.2f} tokens a step ({steps} steps)")
+        prof = cProfile.Profile()
+        prof.enable()
+        p_elapsed, p_steps = run(core, prompts, args.new_tokens)
+        prof.disable()
+        print(f"   profiled: {p_elapsed / p_steps * 1e3:.3f} ms a step")
+        for key in ("tottime", "cumulative"):
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(args.top)
+            lines = buf.getvalue().splitlines()
+            start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls"))
+            print(f"   by {key} (per-step ms = tottime or cumtime / {p_steps} steps x 1000):")
+            for line in lines[start : start + args.top + 1]:
+                print("   " + line[:160])
+        if args.device == "cuda":
+            kernel_table(core, prompts[:2], args)
+        core.shutdown()
+
+
+def kernel_table(core: EngineCore, prompts, args) -> None:
+    """The GPU kernels of a few requests (CUDA-graph replays traced kernel by kernel): launches and time per engine
+    step, heaviest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        _, steps = run(core, prompts, args.new_tokens)
+        torch.cuda.synchronize()
+    agg = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            n, t = agg.get(e.name, (0, 0.0))
+            agg[e.name] = (n + 1, t + e.device_time_total)
+    total_n, total_t = sum(n for n, _ in agg.values()), sum(t for _, t in agg.values())
+    print(f"   GPU kernels: {total_n / steps:.0f} a step, {total_t / steps / 1e3:.3f} ms of kernel time a step; "
+          "heaviest (launches a step, us a step):")
+    for name, (n, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[: args.top]:
+        print(f"   {n / steps:7.1f} {t / steps:9.1f}  {name[:100]}")
+
+
+if __name__ == "__main__":
+    main()
