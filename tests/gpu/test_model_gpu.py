@@ -33,6 +33,37 @@ def _live_sequences(mem, B: int):
     return pages, slots
 
 
+def _replayed_steps(mem, variants, steps: int):
+    """For each (key, setup) of `variants`: setup() switches the variant on and returns the step function (model or
+    graph runner); every variant then decodes `steps` batch-1 tokens from the same random caches. Returns
+    {key: (stacked logits, every cache and state after)}."""
+    from kestrel.models.forward_batch import ForwardBatch, ForwardMode
+
+    ps = mem.kv.page_size
+    pages, slots = _live_sequences(mem, 1)
+    pt = torch.tensor(pages, dtype=torch.int32, device="cuda")
+    tensors = list(mem.state.conv.values()) + list(mem.state.ssm.values()) + list(mem.kv.buffers.values())
+    snap = [t.clone() for t in tensors]
+    results = {}
+    for key, setup in variants:
+        step_fn = setup()
+        for t, s in zip(tensors, snap):
+            t.copy_(s)
+        logits = []
+        for step, ctx in enumerate(range(40, 40 + steps)):
+            fb = ForwardBatch(ForwardMode.DECODE, torch.tensor([5 + step], device="cuda"),
+                              torch.tensor([ctx], device="cuda"), [1], [ctx], mem=mem, page_table=pt,
+                              out_cache_loc=torch.tensor([pages[0][ctx // ps] * ps + ctx % ps], device="cuda"),
+                              state_slots=torch.tensor(slots, device="cuda"))
+            logits.append(step_fn(fb).logits.clone())
+        results[key] = (torch.stack(logits), [t.clone() for t in tensors])
+    return results
+
+
+def _bit_equal(a, b) -> bool:
+    return torch.equal(a[0], b[0]) and all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
+
+
 def rel(a, b):
     a, b = a.double(), b.double()
     assert torch.isfinite(a).all()
@@ -101,7 +132,6 @@ def test_pdl_graph_decode_bit_equals_plain_launches(monkeypatch, route_in_expert
     kernels (which read it before their wait either way)."""
     import kestrel.ops as ops
     from kestrel.engine.cuda_graph import DecodeGraphRunner
-    from kestrel.models.forward_batch import ForwardBatch, ForwardMode
     from kestrel.ops import moe as moe_ops
 
     monkeypatch.setattr(moe_ops, "ROUTE_IN_EXPERTS", route_in_experts)
@@ -109,29 +139,17 @@ def test_pdl_graph_decode_bit_equals_plain_launches(monkeypatch, route_in_expert
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs Hopper or later")
     cfg, model, mem = _setup(torch.bfloat16, fuse=True)
-    ps = 16
-    pages, slots = _live_sequences(mem, 1)
-    pt = torch.tensor(pages, dtype=torch.int32, device="cuda")
-    tensors = list(mem.state.conv.values()) + list(mem.state.ssm.values()) + list(mem.kv.buffers.values())
-    snap = [t.clone() for t in tensors]
-    results = {}
-    for on in (False, True):
-        monkeypatch.setattr(ops, "PDL", on)
-        runner = DecodeGraphRunner(model, mem, batch_sizes=(1,), max_pages_per_seq=8)
-        runner.capture()
-        for t, s in zip(tensors, snap):
-            t.copy_(s)
-        logits = []
-        for step, ctx in enumerate(range(40, 46)):
-            fb = ForwardBatch(ForwardMode.DECODE, torch.tensor([5 + step], device="cuda"),
-                              torch.tensor([ctx], device="cuda"), [1], [ctx], mem=mem, page_table=pt,
-                              out_cache_loc=torch.tensor([pages[0][ctx // ps] * ps + ctx % ps], device="cuda"),
-                              state_slots=torch.tensor(slots, device="cuda"))
-            logits.append(runner.run(fb).logits.clone())
-        results[on] = (torch.stack(logits), [t.clone() for t in tensors])
-        del runner
-    assert torch.equal(results[True][0], results[False][0])
-    assert all(torch.equal(a, b) for a, b in zip(results[True][1], results[False][1]))
+
+    def graphed(on):
+        def setup():
+            monkeypatch.setattr(ops, "PDL", on)
+            runner = DecodeGraphRunner(model, mem, batch_sizes=(1,), max_pages_per_seq=8)
+            runner.capture()
+            return runner.run
+        return setup
+
+    results = _replayed_steps(mem, [(on, graphed(on)) for on in (False, True)], 6)
+    assert _bit_equal(results[True], results[False])
 
 
 @torch.no_grad()
@@ -139,36 +157,24 @@ def test_paired_moe_tail_bit_equals_two_gemvs(monkeypatch):
     """At batch 1 the latent MoE's up projection and the shared experts' down projection run as one paired GEMV:
     decode steps from the same caches give bit-identical logits and states with the pair and with the two GEMVs,
     and the pair really ran (once per MoE layer and step)."""
-    from kestrel.models.forward_batch import ForwardBatch, ForwardMode
     from kestrel.ops import linear as linear_ops
     from kestrel.ops.linear import triton as LK
 
     cfg, model, mem = _setup(torch.bfloat16, fuse=True)
-    ps = 16
-    pages, slots = _live_sequences(mem, 1)
-    pt = torch.tensor(pages, dtype=torch.int32, device="cuda")
-    tensors = list(mem.state.conv.values()) + list(mem.state.ssm.values()) + list(mem.kv.buffers.values())
-    snap = [t.clone() for t in tensors]
     calls = []
     pair = LK.linear_pair
     monkeypatch.setattr(LK, "linear_pair", lambda *a, **k: calls.append(1) or pair(*a, **k))
-    results = {}
-    for on in (False, True):
-        monkeypatch.setattr(linear_ops, "FUSE_PAIRS", on)
-        for t, s in zip(tensors, snap):
-            t.copy_(s)
-        logits = []
-        for step, ctx in enumerate(range(40, 44)):
-            fb = ForwardBatch(ForwardMode.DECODE, torch.tensor([5 + step], device="cuda"),
-                              torch.tensor([ctx], device="cuda"), [1], [ctx], mem=mem, page_table=pt,
-                              out_cache_loc=torch.tensor([pages[0][ctx // ps] * ps + ctx % ps], device="cuda"),
-                              state_slots=torch.tensor(slots, device="cuda"))
-            logits.append(model(fb).logits.clone())
-        results[on] = (torch.stack(logits), [t.clone() for t in tensors])
+
+    def fused(on):
+        def setup():
+            monkeypatch.setattr(linear_ops, "FUSE_PAIRS", on)
+            return model
+        return setup
+
+    results = _replayed_steps(mem, [(on, fused(on)) for on in (False, True)], 4)
     moe_layers = sum(1 for layer in model.model.layers if hasattr(layer, "block_sparse_moe"))
     assert moe_layers and len(calls) == 4 * moe_layers
-    assert torch.equal(results[True][0], results[False][0])
-    assert all(torch.equal(a, b) for a, b in zip(results[True][1], results[False][1]))
+    assert _bit_equal(results[True], results[False])
 
 
 @torch.no_grad()
