@@ -25,7 +25,6 @@ from kestrel.models.presets import init_random  # noqa: E402
 from kestrel.engine.cuda_graph import DecodeGraphRunner  # noqa: E402
 from kestrel.mem.pools import KVPool, Memory, StatePool  # noqa: E402
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
-import kestrel.models.k3 as k3  # noqa: E402
 from kestrel.models.k3 import K3ForCausalLM  # noqa: E402
 from kestrel.models.presets import kimi_linear_subset, preset_config  # noqa: E402
 import kestrel.ops as ops  # noqa: E402
@@ -125,8 +124,8 @@ def ladder(cfg, model, args, log, floor_s):
     ops.PDL = False  # and before the PDL ones: plain launches
     # MLA's latent norm, concatenation and cache write as torch ops, its absorbed projections as batched matmuls
     mla_ops.FUSED_STORE = mla_ops.FUSED_ABSORB = False
-    # routing as its own launch; the settles as their own kernels, before the GEMVs that read them
-    moe_ops.ROUTE_IN_EXPERTS, k3.SETTLE_INTO = False, ()
+    # the routing as its own launch
+    moe_ops.ROUTE_IN_EXPERTS = False
     with reference_ops():
         stage("eager, reference ops", lambda: model(fb), 5)
     stage("eager, Triton kernels", lambda: model(fb), 10)
@@ -199,10 +198,9 @@ def ladder(cfg, model, args, log, floor_s):
     # (call 7 of the 2026-12-01 01:16 session also let the router GEMV's last program, found by an atomic counter,
     # choose the experts for the expert kernels to read: 1.395 against 1.371 ms interleaved; its routing added
     # ~2.4 us to the router's launch on the chain and took ~1.4 from the up GEMV; dropped)
-    # (the settle inside the router GEMV, k3.SETTLE_INTO = ("ffn",), was within noise of its own kernel in calls
-    # 4-6 of the 23:49 session, 1.425 against 1.414 ms interleaved; no longer timed)
-    # (call 1 of the 23:49 session also put the mixer's settle inside its fused projection GEMV: 2.224 against
-    # 1.831 ms; each of its 1604 programs recomputes the settle from L2, 20-30 us a launch)
+    # (the settle inside the router GEMV was within noise of its own kernel in calls 4-6 of the 23:49 session,
+    # 1.425 against 1.414 ms interleaved; the mixer's settle inside its fused projection GEMV, call 1, 2.224 against
+    # 1.831 ms: each of its 1604 programs recomputes the settle from L2. Both removed on 2026-12-01, 02:47 session)
     # (call 6 of the 17:25 session also timed the KDA decode kernels reading their inputs and state before the
     # wait, after a late-trigger gate projection: 1.674 against 1.657 ms without; dropped)
     # (call 1 of the 2026-12-01 01:16 session timed L2 prefetches, benchmarks/device_run47.sh: the router GEMV's

@@ -17,15 +17,8 @@ from kestrel.models.layers.linear import Linear
 from kestrel.models.layers.norm import RMSNorm
 from kestrel.models.mla import MLAMixer
 from kestrel.models.moe import MoE, DenseFFN, activation
-from kestrel.ops.attn_res import attn_res, attn_res_settle, settle_linear
+from kestrel.ops.attn_res import attn_res, attn_res_settle
 from kestrel.ops.norm import add_rms_norm
-
-
-# the sublayers whose first linear layer runs inside the settle before them (AttnRes models; one kernel, one
-# kernel boundary fewer per sublayer on the GPU decode chain): "mixer" and/or "ffn". Off by default, as measured
-# on the H200 (docs/kernels.md): "ffn" (the router GEMV) within noise of the separate kernels, "mixer" 20% slower
-# (every program of its wide fused projection recomputes the settle from L2)
-SETTLE_INTO = ()
 
 
 class AttnResSite(nn.Module):
@@ -58,14 +51,8 @@ class DecoderLayer(nn.Module):
             self.attn_res = AttnResSite(D, dtype)
             self.mlp_res = AttnResSite(D, dtype)
 
-    def ffn_module(self) -> nn.Module:
-        return self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
-
-    def ffn(self, x: torch.Tensor, training: bool = False, proj: torch.Tensor | None = None) -> torch.Tensor:
-        """proj: x through the FFN's input_weight(), when the settle computed it."""
-        if hasattr(self, "block_sparse_moe"):
-            return self.block_sparse_moe(x, training, proj)
-        return self.mlp(x, proj=proj)
+    def ffn(self, x: torch.Tensor, training: bool = False) -> torch.Tensor:
+        return self.block_sparse_moe(x, training) if hasattr(self, "block_sparse_moe") else self.mlp(x)
 
 
 @dataclass
@@ -88,24 +75,19 @@ class K3Model(nn.Module):
     def aggregate(self, site: AttnResSite, bank: list[torch.Tensor], partial: torch.Tensor) -> torch.Tensor:
         return attn_res(bank + [partial], site.vector(), self.cfg.rms_norm_eps)
 
-    def _settle(self, site, norm: RMSNorm, bank, partial, delta, weight=None):
+    def _settle(self, site, norm: RMSNorm, bank, partial, delta):
         """Apply the pending sublayer output `delta` to the stream and pre-norm the next sublayer's input, fused on
-        GPU: AttnRes aggregation + RMSNorm, or residual add + RMSNorm. Returns (partial, normed input, the normed
-        input through `weight` or None): an AttnRes settle given the next sublayer's first weight runs that
-        linear layer in its own kernel on GPU (see settle_linear)."""
+        GPU: AttnRes aggregation + RMSNorm, or residual add + RMSNorm. Returns (partial, normed input)."""
         if site is not None and bank:
             # every sublayer's last kernel launches its dependents only after its own wait (late_trigger), so the
             # settle may read the bank and the partial sum before it waits for delta
-            args = (bank, partial, delta, site.norm_weight, site.proj_weight[0], self.cfg.rms_norm_eps, norm.weight,
-                    norm.eps)
-            if weight is not None:
-                return settle_linear(*args, weight, early=delta is not None)
-            return (*attn_res_settle(*args, early=delta is not None), None)
+            return attn_res_settle(bank, partial, delta, site.norm_weight, site.proj_weight[0], self.cfg.rms_norm_eps,
+                                   norm.weight, norm.eps, early=delta is not None)
         if delta is not None:
             if site is None:
-                return (*add_rms_norm(partial, delta, norm.weight, norm.eps), None)
+                return add_rms_norm(partial, delta, norm.weight, norm.eps)
             partial = delta if partial is None else partial + delta
-        return partial, norm(partial), None
+        return partial, norm(partial)
 
     def forward(self, fb: ForwardBatch) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         block = self.cfg.attn_res_block_size
@@ -117,20 +99,18 @@ class K3Model(nn.Module):
         captured = {}
         for l, layer in enumerate(self.layers):
             attn_site = layer.attn_res if block and l > 0 else None
-            w_in = layer.self_attn.input_weight() if "mixer" in SETTLE_INTO and not fb.training else None
-            partial, x, proj = self._settle(attn_site, layer.input_layernorm, bank, partial, delta, w_in)
+            partial, x = self._settle(attn_site, layer.input_layernorm, bank, partial, delta)
             if block and l % block == 0:
                 bank.append(partial)
                 partial = None
-            delta = layer.self_attn(x, fb, proj)
-            w_in = layer.ffn_module().input_weight() if "ffn" in SETTLE_INTO and not fb.training else None
-            partial, y, proj = self._settle(layer.mlp_res if block else None, layer.post_attention_layernorm, bank,
-                                            partial, delta, w_in)
-            delta = layer.ffn(y, fb.training, proj)
+            delta = layer.self_attn(x, fb)
+            partial, y = self._settle(layer.mlp_res if block else None, layer.post_attention_layernorm, bank, partial,
+                                      delta)
+            delta = layer.ffn(y, fb.training)
             if l in fb.capture_layers:
                 partial, delta = partial + delta, None
                 captured[l] = partial
-        partial, h, _ = self._settle(self.output_attn_res if block else None, self.norm, bank, partial, delta)
+        partial, h = self._settle(self.output_attn_res if block else None, self.norm, bank, partial, delta)
         return h, captured
 
     def fuse_projections(self) -> None:

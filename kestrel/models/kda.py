@@ -73,19 +73,12 @@ class KDAMixer(nn.Module):
             c.weight.data = part
         self._fused_conv = (buf.squeeze(1), [c.weight.data_ptr() for c in self._convs()])
 
-    def input_weight(self) -> torch.Tensor | None:
-        """The weight of the one GEMM that reads x (the fused projections), for a caller that computes x @ W^T
-        with x (K3Model's settle); None when the projections are not fused."""
-        fused = getattr(self, "_fused", None)
-        return fused.weight if fused is not None and fused.valid() else None
-
-    def _project(self, x: torch.Tensor, proj: torch.Tensor | None = None):
-        """mixed [T, 3HK], raw gate [T, H, K], beta's logits [T, H] and the output gate's input projection.
-        proj: x @ input_weight()^T, computed by the caller."""
+    def _project(self, x: torch.Tensor):
+        """mixed [T, 3HK], raw gate [T, H, K], beta's logits [T, H] and the output gate's input projection."""
         T, H, K = x.shape[0], self.num_heads, self.head_dim
         fused = getattr(self, "_fused", None)
         if fused is not None and fused.valid():
-            q, k, v, gate, fa, b = fused.split(proj) if proj is not None else fused(x)
+            q, k, v, gate, fa, b = fused(x)
             mixed = torch.cat([q, k, v], dim=-1) if x.requires_grad else fused_slice(q, v)
             up = getattr(self, "_fused_up", None)
             if up is not None and up.valid() and not x.requires_grad:
@@ -101,10 +94,10 @@ class KDAMixer(nn.Module):
             gate = self.g_b_proj(gate)
         return mixed, raw_gate, b, gate
 
-    def forward(self, x: torch.Tensor, fb: ForwardBatch, proj: torch.Tensor | None = None) -> torch.Tensor:
-        """x: the normalised mixer input [T, D]; proj: x @ input_weight()^T when the caller computed it."""
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """x: the normalised mixer input [T, D]."""
         T, H, K = x.shape[0], self.num_heads, self.head_dim
-        mixed, raw_gate, b, gate = self._project(x, proj)  # beta = sigmoid(b): inside the decode and verify kernels
+        mixed, raw_gate, b, gate = self._project(x)  # beta = sigmoid(b): inside the decode and verify kernels
         if fb.mode == ForwardMode.DECODE and fb.mem is not None:
             o = self._decode(mixed, raw_gate, b, fb)
         elif fb.mode == ForwardMode.EXTEND and (split := fb.split_decode_rows()) is not None:

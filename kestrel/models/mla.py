@@ -52,17 +52,12 @@ class MLAMixer(nn.Module):
         q = self.q_a_proj if hasattr(self, "q_a_proj") else self.q_proj
         self._fused = FusedLinears(q, self.kv_a_proj_with_mqa, *([self.g_proj] if hasattr(self, "g_proj") else []))
 
-    def input_weight(self) -> torch.Tensor | None:
-        """The weight of the one GEMM that reads x (the fused projections), or None: see KDAMixer.input_weight."""
-        fused = getattr(self, "_fused", None)
-        return fused.weight if fused is not None and fused.valid() else None
-
-    def forward(self, x: torch.Tensor, fb: ForwardBatch, proj: torch.Tensor | None = None) -> torch.Tensor:
-        """x: the normalised mixer input [T, D]; proj: x @ input_weight()^T when the caller computed it."""
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """x: the normalised mixer input [T, D]."""
         fused = getattr(self, "_fused", None)
         q_a = kv_a = gate = None
         if fused is not None and fused.valid():
-            q_a, kv_a, *rest = fused.split(proj) if proj is not None else fused(x)
+            q_a, kv_a, *rest = fused(x)
             gate = rest[0] if rest else None
         q, latent = self.query(x, q_a), None
         kv_a = self.kv_a_proj_with_mqa(x) if kv_a is None else kv_a

@@ -33,27 +33,21 @@ class DenseFFN(nn.Module):
         if not self.fused_by_parent:
             self._fused = FusedLinears(self.gate_proj, self.up_proj)
 
-    def input_weight(self) -> torch.Tensor | None:
-        """The fused gate/up weight, or None when unfused: see KDAMixer.input_weight."""
-        fused = getattr(self, "_fused", None)
-        return fused.weight if fused is not None and fused.valid() else None
-
-    def down_input(self, x: torch.Tensor, gate_up: tuple[torch.Tensor, torch.Tensor] | None = None,
-                   proj: torch.Tensor | None = None) -> linear_ops.Prologue:
-        """The down projection's input act(gate, up) as a prologue (see forward for gate_up and proj)."""
+    def down_input(self, x: torch.Tensor,
+                   gate_up: tuple[torch.Tensor, torch.Tensor] | None = None) -> linear_ops.Prologue:
+        """The down projection's input act(gate, up) as a prologue (see forward for gate_up)."""
         fused = getattr(self, "_fused", None)
         if gate_up is None and fused is not None and fused.valid():
-            gate_up = fused.split(proj) if proj is not None else fused(x)
+            gate_up = fused(x)
         a, b = gate_up if gate_up is not None else (self.gate_proj(x), self.up_proj(x))
         return linear_ops.Prologue("act", a, lambda: moe_ops.activate(self.act, a, b), other=b, act=self.act)
 
     def forward(self, x: torch.Tensor, gate_up: tuple[torch.Tensor, torch.Tensor] | None = None,
-                add: torch.Tensor | None = None, proj: torch.Tensor | None = None) -> torch.Tensor:
-        """gate_up: the two input projections when a caller already computed them (a fused front-end GEMM); proj:
-        x @ input_weight()^T, computed by the caller; add: a residual summed into the output (by the down
-        projection's epilogue on GPU)."""
+                add: torch.Tensor | None = None) -> torch.Tensor:
+        """gate_up: the two input projections when a caller already computed them (a fused front-end GEMM); add: a
+        residual summed into the output (by the down projection's epilogue on GPU)."""
         # the activation inside a one-row GEMV; the FFN's last kernel lets its dependents launch late (K3Model)
-        return self.down_proj.forward_with(self.down_input(x, gate_up, proj), add, late_trigger=True)
+        return self.down_proj.forward_with(self.down_input(x, gate_up), add, late_trigger=True)
 
 
 class Router(nn.Module):
@@ -107,13 +101,8 @@ class MoE(nn.Module):
             self._fused = FusedLinears(self.routed_expert_down_proj, se.gate_proj, se.up_proj)
             se.fused_by_parent = True
 
-    def input_weight(self) -> torch.Tensor:
-        """The router's weight, the first linear layer that reads x (see KDAMixer.input_weight)."""
-        return self.gate.weight
-
-    def forward(self, x: torch.Tensor, training: bool = False, proj: torch.Tensor | None = None) -> torch.Tensor:
-        """proj: the router logits x @ input_weight()^T, when the caller computed them."""
-        logits = self.gate.logits(x) if proj is None else proj  # routing reads x, not the latent
+    def forward(self, x: torch.Tensor, training: bool = False) -> torch.Tensor:
+        logits = self.gate.logits(x)  # routing reads x, not the latent
         routing = self.gate.routing()
         # routed now, before the front end's late-trigger GEMM, unless the expert kernels choose the experts
         # themselves (the expert kernels may read the routing before their wait: it must be finished by then)

@@ -86,37 +86,6 @@ def test_attn_res_settle(dtype, n, form):
     assert rel(z1, z2) < TOL[dtype]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n", [1, 6])
-@pytest.mark.parametrize("form", ["partial+delta", "delta", "partial"])
-@pytest.mark.parametrize("wdtype", ["same", "fp32"])
-def test_settle_linear(dtype, n, form, wdtype):
-    """The settle in front of the GEMV that reads it: the partial sum and the normed row bit-equal to the settle
-    kernel's (written once, by program 0), the product against the reference linear of the normed row; N not a
-    multiple of the rows per program; an fp32 weight (the router) reads the bf16 row."""
-    from kestrel.ops.attn_res import reference as R, triton as K
-    from kestrel.ops.linear import reference as L
-    D, N = (64, 10) if SMALL else (2048, 130)
-    bank = [rnd(1, D, dtype=dtype) for _ in range(n)]
-    p = rnd(1, D, dtype=dtype) if form != "delta" else None
-    d = rnd(1, D, dtype=dtype) if form != "partial" else None
-    kn, kp, nw = rnd(D, dtype=dtype), rnd(D, dtype=dtype, scale=D**-0.5), rnd(D, dtype=dtype)
-    w = rnd(N, D, dtype=dtype if wdtype == "same" else torch.float32, scale=D**-0.5)
-    for early in (False, True):
-        p1, z1, y1 = K.settle_linear(bank, p, d, kn, kp, 1e-5, nw, 1e-6, w, early=early)
-        p2, z2 = K.attn_res_settle(bank, p, d, kn, kp, 1e-5, nw, 1e-6, early=early)
-        assert torch.equal(p1, p2) and torch.equal(z1, z2)
-        y2 = L.linear(z2, w)
-        assert y1.dtype == y2.dtype and y1.shape == (1, N)
-        assert rel(y1, y2) < TOL[y1.dtype]
-    pr, zr, yr = R.settle_linear(bank, p, d, kn, kp, 1e-5, nw, 1e-6, w)
-    assert rel(zr, z1) < TOL[dtype] and rel(yr, y1) < TOL[dtype]
-    # several rows: the settle kernel, then the linear op
-    rows = [rnd(3, D, dtype=dtype) for _ in range(n)]
-    p3, z3, y3 = K.settle_linear(rows, rnd(3, D, dtype=dtype), None, kn, kp, 1e-5, nw, 1e-6, w)
-    assert y3.shape == (3, N) and rel(y3, L.linear(z3, w)) < TOL[y3.dtype]
-
-
 def _beta(shape, logits: bool, dtype):
     """beta in (0, 1), or (logits) row-strided beta logits in the activation dtype, as the fused projection gives."""
     if not logits:

@@ -169,27 +169,3 @@ def test_fused_projections_equal_the_separate_layers(preset):
     for _ in range(10):
         outs = [run_batch(m, mem, [s], [1], ForwardMode.DECODE) for m, mem, s in zip((model, fused), mems, seqs)]
         assert rel_err(outs[1], outs[0]) < 1e-12
-
-
-@pytest.mark.parametrize("into", [("ffn",), ("mixer", "ffn")])
-def test_settle_into_first_linear_is_the_same_model(monkeypatch, into):
-    """K3Model running a sublayer's first linear layer with the settle before it (k3.SETTLE_INTO: the MoE router,
-    the mixers' fused projections) hands the sublayers the same projections: a fused fp64 k3-tiny gives the same
-    prefill and decode logits bit for bit (on the CPU settle_linear is the settle, then the linear op)."""
-    import kestrel.models.k3 as k3
-    from kestrel.models.presets import init_random, preset_config
-
-    model = k3.K3ForCausalLM(preset_config("k3-tiny"), dtype=torch.float64)
-    init_random(model, seed=3)
-    model.fuse_projections()  # (one model for both sides: a deep copy's fusions report themselves invalid)
-    assert all(layer.self_attn.input_weight() is not None for layer in model.model.layers)
-    toks = tokens(30, seed=4)
-    outs = []
-    for setting in ((), into):
-        monkeypatch.setattr(k3, "SETTLE_INTO", setting)
-        mem = make_mem(model)
-        s = Seq(mem, toks)
-        got = [run_batch(model, mem, [s], [26])]
-        got += [run_batch(model, mem, [s], [1], ForwardMode.DECODE) for _ in range(4)]
-        outs.append(torch.cat(got))
-    assert torch.equal(outs[0], outs[1])

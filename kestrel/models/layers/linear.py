@@ -100,11 +100,7 @@ class FusedLinears:
         return [l.weight.data_ptr() for l in self.linears] == self._ptrs
 
     def __call__(self, x: torch.Tensor, late_trigger: bool = False) -> list[torch.Tensor]:
-        return self.split(linear_ops.linear(x, self.weight, late_trigger=late_trigger))
-
-    def split(self, y: torch.Tensor) -> list[torch.Tensor]:
-        """The layers' outputs from the fused output y = x @ self.weight^T (computed elsewhere)."""
-        return list(y.split(self.sizes, dim=-1))
+        return list(linear_ops.linear(x, self.weight, late_trigger=late_trigger).split(self.sizes, dim=-1))
 
 
 class StackedLinears(FusedLinears):

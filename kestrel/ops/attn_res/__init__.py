@@ -29,16 +29,5 @@ def attn_res_settle(bank, partial, delta, key_norm, key_proj, eps: float, norm_w
     return fn(bank, partial, delta, key_norm, key_proj, eps, norm_weight, norm_eps, early and EARLY_SETTLE)
 
 
-def settle_linear(bank, partial, delta, key_norm, key_proj, eps: float, norm_weight, norm_eps: float, weight,
-                  early: bool = False):
-    """See reference.settle_linear: (P', normed, normed @ weight^T), the settle in front of the GEMV that reads it
-    (one kernel on GPU for one row). early: as for attn_res_settle."""
-    x = partial if partial is not None else delta
-    fn = kernel(__name__ + ".triton", "settle_linear", x)
-    if fn is None:
-        return reference.settle_linear(bank, partial, delta, key_norm, key_proj, eps, norm_weight, norm_eps, weight)
-    return fn(bank, partial, delta, key_norm, key_proj, eps, norm_weight, norm_eps, weight, early and EARLY_SETTLE)
-
-
 # off: the settle waits before reading anything (the decode ladder's "before" stage)
 EARLY_SETTLE = True

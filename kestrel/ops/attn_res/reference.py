@@ -49,13 +49,3 @@ def attn_res_settle(bank: list[torch.Tensor], partial: torch.Tensor | None, delt
     if delta is not None:
         partial = delta if partial is None else partial + delta
     return partial, attn_res_norm(bank + [partial], key_norm * key_proj, eps, norm_weight, norm_eps)[1]
-
-
-def settle_linear(bank, partial, delta, key_norm, key_proj, eps: float, norm_weight, norm_eps: float,
-                  weight: torch.Tensor):
-    """attn_res_settle, then the linear layer that reads its output: (P', normed, normed @ weight^T) (the output in
-    the wider of the two dtypes, as kestrel.ops.linear.linear). One kernel on GPU for a decode row."""
-    from kestrel.ops.linear.reference import linear
-
-    partial, normed = attn_res_settle(bank, partial, delta, key_norm, key_proj, eps, norm_weight, norm_eps)
-    return partial, normed, linear(normed, weight)

@@ -2,11 +2,6 @@
 front (independent loads the compiler can issue together, not N dependent round trips), then the logits, the
 softmax and the weighted sum are tile reductions. The settle form also forms the partial sum P + delta in the
 kernel (and writes it back), folds the site vector from its two weights, and applies the next sublayer's RMSNorm.
-
-`settle_linear` puts that settle in front of the GEMV that reads its output (one launch, one kernel boundary
-fewer on the decode chain): every program recomputes the settle of the one row from L2-resident inputs, program 0
-writes the partial sum and the normed row, and each program dots its whole weight tile (loaded before the wait)
-with the normed row.
 """
 
 import torch
@@ -18,14 +13,18 @@ from kestrel.ops import pdl_args
 
 
 @triton.jit
-def _settle_row(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, nw_ptr, row, offs, keep, D, eps, norm_eps,
-                NB: tl.constexpr, HAS_P: tl.constexpr, HAS_D: tl.constexpr, HAS_W2: tl.constexpr,
-                NPAD: tl.constexpr, BLOCK: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
-    """Row `row` of the settle: (the aggregate in the stream's dtype, its RMSNorm * nw in fp32, not yet rounded).
-    Writes P + delta where `keep`. Waits for the previous kernel (PDL) before its first dependent read; EARLY:
-    the bank, the partial sum and their logits before waiting, only delta after (see attn_res_settle)."""
-    if PDL and not EARLY:
-        gdc_wait()
+def _attn_res_kernel(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, out_ptr, nw_ptr, norm_ptr, D, eps, norm_eps,
+                     NB: tl.constexpr, HAS_P: tl.constexpr, HAS_D: tl.constexpr, HAS_W2: tl.constexpr,
+                     HAS_OUT: tl.constexpr, HAS_NORM: tl.constexpr, NPAD: tl.constexpr, BLOCK: tl.constexpr,
+                     EARLY: tl.constexpr, PDL: tl.constexpr):
+    """EARLY (every kernel before the one that wrote delta has finished when this one starts: see
+    attn_res_settle): the bank, the partial sum and their logits before waiting, only delta after."""
+    if PDL:
+        gdc_launch_dependents()
+        if not EARLY:
+            gdc_wait()
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
     mask = offs < D
     idx = tl.arange(0, NPAD)[:, None]
     tile = tl.zeros([NPAD, BLOCK], tl.float32)
@@ -46,7 +45,7 @@ def _settle_row(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, nw_ptr, row, offs, 
         if HAS_D:
             x = (x.to(tl.float32) + tl.load(d_ptr + row * D + offs, mask=mask, other=0.0).to(tl.float32))
             x = x.to(pout_ptr.dtype.element_ty)
-            tl.store(pout_ptr + row * D + offs, x, mask=mask & keep)
+            tl.store(pout_ptr + row * D + offs, x, mask=mask)
     else:
         if EARLY and PDL:
             gdc_wait()
@@ -59,54 +58,13 @@ def _settle_row(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, nw_ptr, row, offs, 
     p = tl.exp(logit - tl.max(logit, 0))
     y = tl.sum(tile * p[:, None], 0) / tl.sum(p, 0)
     y_out = y.to(pout_ptr.dtype.element_ty)  # the aggregate in the stream's dtype (the norm reads it rounded)
-    yf = y_out.to(tl.float32)
-    r = 1.0 / tl.sqrt(tl.sum(yf * yf, 0) / D + norm_eps)
-    z = (yf * r).to(y_out.dtype).to(tl.float32) * tl.load(nw_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    return y_out, z
-
-
-@triton.jit
-def _attn_res_kernel(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, out_ptr, nw_ptr, norm_ptr, D, eps, norm_eps,
-                     NB: tl.constexpr, HAS_P: tl.constexpr, HAS_D: tl.constexpr, HAS_W2: tl.constexpr,
-                     HAS_OUT: tl.constexpr, HAS_NORM: tl.constexpr, NPAD: tl.constexpr, BLOCK: tl.constexpr,
-                     EARLY: tl.constexpr, PDL: tl.constexpr):
-    """EARLY (every kernel before the one that wrote delta has finished when this one starts: see
-    attn_res_settle): the bank, the partial sum and their logits before waiting, only delta after."""
-    if PDL:
-        gdc_launch_dependents()
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < D
-    y_out, z = _settle_row(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, nw_ptr, row, offs, True, D, eps, norm_eps,
-                           NB, HAS_P, HAS_D, HAS_W2, NPAD, BLOCK, EARLY, PDL)
     if HAS_OUT:
         tl.store(out_ptr + row * D + offs, y_out, mask=mask)
     if HAS_NORM:
+        yf = y_out.to(tl.float32)
+        r = 1.0 / tl.sqrt(tl.sum(yf * yf, 0) / D + norm_eps)
+        z = (yf * r).to(y_out.dtype).to(tl.float32) * tl.load(nw_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(norm_ptr + row * D + offs, z.to(norm_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _settle_linear_kernel(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, nw_ptr, norm_ptr, lw_ptr, y_ptr, D, N, eps,
-                          norm_eps, NB: tl.constexpr, HAS_P: tl.constexpr, HAS_D: tl.constexpr,
-                          HAS_W2: tl.constexpr, NPAD: tl.constexpr, BLOCK: tl.constexpr, BN: tl.constexpr,
-                          EARLY: tl.constexpr, PDL: tl.constexpr):
-    """One row: the settle (program 0 writes P + delta and the normed row), then normed @ lw[rows]^T for this
-    program's BN weight rows, whose tile is in flight before the settle's first wait."""
-    nb = tl.program_id(0)
-    if PDL:
-        gdc_launch_dependents()
-    offs = tl.arange(0, BLOCK)
-    mask = offs < D
-    rows = nb * BN + tl.arange(0, BN)
-    lw = tl.load(lw_ptr + rows[:, None].to(tl.int64) * D + offs[None, :], mask=(rows[:, None] < N) & mask[None, :],
-                 other=0.0)
-    first = nb == 0
-    _, z = _settle_row(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, nw_ptr, 0, offs, first, D, eps, norm_eps,
-                       NB, HAS_P, HAS_D, HAS_W2, NPAD, BLOCK, EARLY, PDL)
-    zr = z.to(norm_ptr.dtype.element_ty)
-    tl.store(norm_ptr + offs, zr, mask=mask & first)
-    acc = tl.sum(lw.to(tl.float32) * zr.to(tl.float32)[None, :], 1)  # the GEMV reads the normed row rounded
-    tl.store(y_ptr + rows, acc.to(y_ptr.dtype.element_ty), mask=rows < N)
 
 
 # warps per program (None: one per 256 columns, at most 16); the decode ladder's --tile-sweep times others
@@ -165,38 +123,3 @@ def attn_res_settle(bank, partial, delta, key_norm, key_proj, eps: float, norm_w
         return ref(bank, partial, delta, key_norm, key_proj, eps, norm_weight, norm_eps)
     _, normed, new_p = _launch(bank, partial, delta, key_norm, key_proj, eps, norm_weight, norm_eps, False, early)
     return new_p, normed
-
-
-# weight rows per settle_linear program (every program recomputes the settle: fewer, larger tiles read the settle's
-# inputs from L2 fewer times); the tile (rows x D) is loaded whole before the wait
-SETTLE_ROWS = 4
-
-
-def settle_linear(bank, partial, delta, key_norm, key_proj, eps: float, norm_weight, norm_eps: float, weight,
-                  early: bool = False):
-    """See reference.settle_linear: one kernel for a single row (decode at batch 1) whose weight tile fits the
-    one-row GEMV's register budget; otherwise the settle kernel, then the linear op."""
-    from kestrel.ops import linear as linear_ops
-
-    x0 = partial if partial is not None else delta
-    D = x0.shape[-1]
-    N = weight.shape[0]
-    BLOCK = triton.next_power_of_2(D)
-    if (x0.dtype == torch.float64 or weight.dtype == torch.float64 or x0.numel() != D or not bank
-            or not weight.is_contiguous() or weight.shape[1] != D or SETTLE_ROWS * BLOCK > 16384):
-        new_p, normed = attn_res_settle(bank, partial, delta, key_norm, key_proj, eps, norm_weight, norm_eps, early)
-        return new_p, normed, linear_ops.linear(normed, weight)
-    shape = x0.shape
-    vals = tuple(v.reshape(-1, D).contiguous() for v in bank)
-    p = partial.reshape(-1, D).contiguous() if partial is not None else None
-    d = delta.reshape(-1, D).contiguous() if delta is not None else None
-    new_p = torch.empty_like(p) if p is not None and d is not None else (p if p is not None else d)
-    normed = torch.empty(new_p.shape, dtype=torch.promote_types(norm_weight.dtype, x0.dtype), device=x0.device)
-    y = torch.empty(1, N, dtype=torch.promote_types(normed.dtype, weight.dtype), device=x0.device)
-    BN = SETTLE_ROWS
-    _settle_linear_kernel[(triton.cdiv(N, BN),)](
-        vals, p if p is not None else d, d if d is not None else new_p, new_p, key_norm, key_proj, norm_weight, normed,
-        weight, y, D, N, eps, norm_eps, NB=len(vals), HAS_P=p is not None, HAS_D=p is not None and d is not None,
-        HAS_W2=True, NPAD=triton.next_power_of_2(len(vals) + 1), BLOCK=BLOCK, BN=BN, EARLY=early,
-        num_warps=max(1, min(8, BLOCK // 256)), **pdl_args(x0))
-    return new_p.view(shape), normed.view(shape), y.view(*shape[:-1], N)
