@@ -19,16 +19,19 @@ from kestrel.config import ServerArgs
 from kestrel.engine.core import EngineCore
 
 
-def run(core: EngineCore, prompts, new: int) -> tuple[float, int]:
-    """Seconds to generate `new` tokens for each prompt (one request at a time) and the engine steps taken."""
+def run(core: EngineCore, prompts, new: int) -> tuple[float, int, float]:
+    """Seconds to generate `new` tokens for each prompt (one request at a time), the engine steps taken, and the
+    decode tok/s (each request's first token to its last: prefill excluded)."""
     params = {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}
-    steps, start = 0, time.perf_counter()
+    steps, start, decode_s = 0, time.perf_counter(), 0.0
     for p in prompts:
-        core.add_request(core.make_request(p, params))
+        req = core.make_request(p, params)
+        core.add_request(req)
         while core.has_work():
             core.step()
             steps += 1
-    return time.perf_counter() - start, steps
+        decode_s += req.finished_at - req.first_token_at
+    return time.perf_counter() - start, steps, len(prompts) * (new - 1) / decode_s
 
 
 def main() -> None:
@@ -50,13 +53,14 @@ def main() -> None:
         vocab = core.model.cfg.vocab_size
         prompts = [torch.randint(3, vocab, (32,), generator=gen).tolist() for _ in range(args.prompts)]
         run(core, prompts[:1], 16)  # warm-up (first-use compiles and captures)
-        elapsed, steps = run(core, prompts, args.new_tokens)
+        elapsed, steps, decode = run(core, prompts, args.new_tokens)
         tokens = len(prompts) * args.new_tokens
-        print(f"== {mode}: {tokens / elapsed:.1f} tok/s, {elapsed / steps * 1e3:.3f} ms a step, "
-              f"{tokens / steps:.2f} tokens a step ({steps} steps)")
+        print(f"== {mode}: decode {decode:.1f} tok/s; end to end {tokens / elapsed:.1f} tok/s, "
+              f"{elapsed / steps * 1e3:.3f} ms a step, {tokens / steps:.2f} tokens a step ({steps} steps, "
+              f"{len(prompts)} of them prefills)")
         prof = cProfile.Profile()
         prof.enable()
-        p_elapsed, p_steps = run(core, prompts, args.new_tokens)
+        p_elapsed, p_steps, _ = run(core, prompts, args.new_tokens)
         prof.disable()
         print(f"   profiled: {p_elapsed / p_steps * 1e3:.3f} ms a step")
         for key in ("tottime", "cumulative"):
@@ -69,6 +73,7 @@ def main() -> None:
                 print("   " + line[:160])
         if args.device == "cuda":
             kernel_table(core, prompts[:2], args)
+            graph_time(core, mode)
         core.shutdown()
 
 
@@ -78,7 +83,7 @@ def kernel_table(core: EngineCore, prompts, args) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        _, steps = run(core, prompts, args.new_tokens)
+        _, steps, _ = run(core, prompts, args.new_tokens)
         torch.cuda.synchronize()
     agg = {}
     for e in prof.events():
@@ -90,6 +95,24 @@ def kernel_table(core: EngineCore, prompts, args) -> None:
           "heaviest (launches a step, us a step):")
     for name, (n, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[: args.top]:
         print(f"   {n / steps:7.1f} {t / steps:9.1f}  {name[:100]}")
+
+
+def graph_time(core: EngineCore, mode: str, replays: int = 200) -> None:
+    """The device time of one batch-1 step alone: its CUDA graph replayed back to back (the decode graph; for DSpark
+    the whole greedy step's graph), timed with events. The step's wall time less this is what the host adds. Run
+    last: the replays rewrite the last request's (freed) state slot."""
+    runner = core.runner
+    graphs = runner.spec.step_graphs.graphs if mode == "dspark" else runner.graphs.graphs
+    g = graphs[min(graphs)]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    g.replay()
+    start.record()
+    for _ in range(replays):
+        g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    print(f"   graph alone: {start.elapsed_time(end) / replays:.3f} ms of device time a step (batch {min(graphs)}, "
+          f"{replays} replays back to back)")
 
 
 if __name__ == "__main__":

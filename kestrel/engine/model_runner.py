@@ -39,6 +39,10 @@ class ModelRunner:
             model.fuse_projections()
             if not args.disable_cuda_graph:
                 self.graphs = self._capture_graphs()
+        # sampled tokens the next batch may read before the scheduler has seen them (a speculative step's graph
+        # reads this buffer too: allocated before it is captured)
+        self.future_size = 4 * args.max_running_requests + 16
+        self.future = torch.zeros(self.future_size, dtype=torch.long, device=self.device)
         self.spec = None
         if args.speculative:
             from kestrel.spec.worker import SpecWorker
@@ -47,9 +51,6 @@ class ModelRunner:
                                    args.speculative_state_rollback, not args.disable_verify_planner)
             if self.device.type == "cuda":  # like decode graph capture: verify graphs and profile at start-up
                 self.spec.prepare(min(args.max_running_requests, args.cuda_graph_max_bs))
-        # sampled tokens the next batch may read before the scheduler has seen them
-        self.future_size = 4 * args.max_running_requests + 16
-        self.future = torch.zeros(self.future_size, dtype=torch.long, device=self.device)
 
     def release(self) -> None:
         """Give the device memory back (pools, CUDA graphs, the drafter's buffers) so that another engine in this

@@ -5,9 +5,14 @@ gamma + 1 new positions and its committed state slot. Here the drafter proposes 
 features kept from the request's previous forward, the planner trims each block, the target verifies every block
 in one VERIFY forward (KDA state read, not written; step inputs stored), the sampler's rules accept a prefix, and
 ReplaySSM folds exactly the committed steps into the state. The features at the last committed position are kept
-for the next draft. On CUDA the drafting, the verify forward and the fold each replay a CUDA graph (blocks are
-padded to one length for that). A step synchronises with the host once (the drafts come back with the target's
-greedy tokens, after the verify), or twice when the planner prunes (it reads the drafter's confidences first).
+for the next draft.
+
+When every request decodes plain greedy and nothing is pruned (the common case), the whole step runs on the device
+(`greedy_step`: acceptance is the longest prefix of drafts equal to the target's argmax) and, on CUDA, as one graph:
+one copy in, one launch, one copy back. Otherwise (sampling, penalties, logprobs, a pruning plan) acceptance runs
+on the host: the drafting, the verify forward and the fold each replay a CUDA graph (blocks padded to one length)
+and a step synchronises once (the drafts come back with the target's greedy tokens), or twice when the planner
+prunes (it reads the drafter's confidences first).
 """
 
 import logging
@@ -61,14 +66,19 @@ class SpecWorker:
         # (batch bucket, pruned) -> [steps, requests, committed tokens, wall s, verify forward s]: benchmarks read it
         self.step_stats: dict[tuple[int, bool], list[float]] = {}
         self.window_bytes = 0  # draft-window memory of the last verify (the rollback method's cost)
-        self.graphs = self.draft_graphs = None
+        self._window_row = 0
+        self.graphs = self.draft_graphs = self.step_graphs = None
         if runner.device.type == "cuda" and not runner.args.disable_cuda_graph and rollback == "replay":
-            from kestrel.engine.cuda_graph import DraftGraphRunner, VerifyGraphRunner
+            from kestrel.engine.cuda_graph import DraftGraphRunner, SpecStepGraphRunner, VerifyGraphRunner
 
             sizes = runner.graph_batch_sizes()
             self.graphs = VerifyGraphRunner(runner.model, runner.mem, sizes, gamma + 1, runner.max_pages_per_seq(),
                                             self.layers, runner.device)
             self.draft_graphs = DraftGraphRunner(self.drafter, sizes, gamma, runner.device)
+            mem = runner.mem
+            self.step_graphs = SpecStepGraphRunner(
+                self.greedy_step, sizes, self.drafter.cfg.feature_size, runner.dtype, runner.max_pages_per_seq(),
+                [0, -1, 0, mem.scratch_slot, 0, mem.scratch_slot], mem.scratch_page, runner.device)
 
     # ---- features from ordinary forwards
     def keep_features(self, b: Batch, captured: dict[int, torch.Tensor], rows: torch.Tensor) -> None:
@@ -92,14 +102,21 @@ class SpecWorker:
         r, dev = self.runner, self.runner.device
         t_start = time.perf_counter()
         B = len(b.reqs)
-        x0 = torch.tensor(b.input_ids, dtype=torch.long, device=dev)
-        if min(b.input_ids) < 0:
-            x0 = torch.where(x0 < 0, r.future[(-x0 - 1).clamp_min(0)], x0)
-        feats = torch.stack([self.features[q.rid] for q in b.reqs])
         bucket = self._bucket(B)
         planning = self.use_planner and B >= PLANNER_MIN_BATCH and self._worth_planning(B)
         # the guard may serve this step whole (the planner's measured rate trails verify-all's in this bucket)
         prune = planning and self.guard.use_planner(bucket)
+        if self.greedy_on_device(b, prune):
+            with record_function("spec.greedy_step"):
+                res, commit = self._run_greedy(b, list(b.max_drafts))
+            # the verify forward is not timed apart inside one graph: the profile's whole-block time stands for it
+            t_verify = dict((L, full) for L, _, full in self.profile[bucket])[self.gamma + 1] if planning else 0.0
+            self._account(b, bucket, planning, prune, commit, t_start, t_verify)
+            return res
+        x0 = torch.tensor(b.input_ids, dtype=torch.long, device=dev)
+        if min(b.input_ids) < 0:
+            x0 = torch.where(x0 < 0, r.future[(-x0 - 1).clamp_min(0)], x0)
+        feats = torch.stack([self.features[q.rid] for q in b.reqs])
         with record_function("spec.draft"):  # the confidence head only when this step may prune
             if self.draft_graphs is not None and self.draft_graphs.bucket(B) is not None:
                 draft = self.draft_graphs.run(feats, x0, prune)
@@ -148,6 +165,25 @@ class SpecWorker:
             self.features[q.rid] = feats[i]
         res = BatchResult(tokens=[a.tokens[-1] for a in results], spec_tokens=[a.tokens for a in results],
                           spec_drafted=keep, spec_snapshots=taken)
+        self._account(b, bucket, planning, prune, commit, t_start, t_verify)
+        if b.want_logprobs or b.top_logprobs_num:
+            sel = torch.tensor([i * L + j for i, a in enumerate(results) for j in range(len(a.tokens))], device=dev)
+            toks = torch.tensor([t for a in results for t in a.tokens], device=dev)
+            lp, top = token_logprobs(out.logits[sel], toks, b.top_logprobs_num)
+            lp = lp.tolist()
+            top = None if top is None else [list(zip(i, v)) for i, v in zip(top[1].tolist(), top[0].tolist())]
+            res.spec_logprobs, res.spec_top_logprobs = [], []
+            k = 0
+            for a in results:
+                res.spec_logprobs.append(lp[k : k + len(a.tokens)])
+                res.spec_top_logprobs.append(None if top is None else top[k : k + len(a.tokens)])
+                k += len(a.tokens)
+        return res
+
+    def _account(self, b: Batch, bucket: int, planning: bool, prune: bool, commit: list[int], t_start: float,
+                 t_verify: float) -> None:
+        """A step's times: the planner's overhead estimate and guard, and the per-bucket step statistics."""
+        B = len(b.reqs)
         t_end = time.perf_counter()
         if planning:
             over = t_end - t_start - t_verify
@@ -163,19 +199,6 @@ class SpecWorker:
         st = self.step_stats.setdefault((bucket, prune), [0, 0, 0, 0.0, 0.0])
         for i, v in enumerate((1, B, sum(commit), t_end - t_start, t_verify)):
             st[i] += v
-        if b.want_logprobs or b.top_logprobs_num:
-            sel = torch.tensor([i * L + j for i, a in enumerate(results) for j in range(len(a.tokens))], device=dev)
-            toks = torch.tensor([t for a in results for t in a.tokens], device=dev)
-            lp, top = token_logprobs(out.logits[sel], toks, b.top_logprobs_num)
-            lp = lp.tolist()
-            top = None if top is None else [list(zip(i, v)) for i, v in zip(top[1].tolist(), top[0].tolist())]
-            res.spec_logprobs, res.spec_top_logprobs = [], []
-            k = 0
-            for a in results:
-                res.spec_logprobs.append(lp[k : k + len(a.tokens)])
-                res.spec_top_logprobs.append(None if top is None else top[k : k + len(a.tokens)])
-                k += len(a.tokens)
-        return res
 
     def _target(self, fb: ForwardBatch):
         """The target's verify forward: a CUDA graph when one serves the batch, else eager; (output, graphed)."""
@@ -183,29 +206,128 @@ class SpecWorker:
             return self.graphs.run(fb), True
         return self.runner.model(fb), False
 
-    def _forward_batch(self, b: Batch, ids: torch.Tensor, lens: list[int], L: int | None = None) -> ForwardBatch:
-        """The VERIFY batch of blocks padded to L (default: the longest): padding tokens write their latents to the
-        scratch page and attend to their block's real keys only. Built with tensor ops (no per-token Python)."""
-        r, dev = self.runner, self.runner.device
-        ps = r.mem.page_size
-        B, L = len(lens), L or max(lens)
+    def _host_ints(self, b: Batch, keep: list[int], rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A step's per-request integers as host tensors, padded to `rows` (default: the batch) with blocks that
+        verify nothing on the scratch page and slot: ints [6, rows] int64 (last committed token or a future
+        reference, drafts allowed (-1: a padding row), prefix length, state slot, snapshot steps (0: none), snapshot
+        slot) and table [rows, width] int32 pages."""
+        mem = self.runner.mem
+        B = len(b.reqs) if b.reqs else len(keep)
+        pad = rows - B if rows else 0
+        snaps = [s or (0, mem.scratch_slot) for s in (b.spec_snapshots or [None] * B)]
+        ids = b.input_ids if b.reqs else [0] * B
+        ints = torch.tensor([list(ids) + [0] * pad, list(keep) + [-1] * pad, list(b.prefix_lens) + [0] * pad,
+                             list(b.state_slots) + [mem.scratch_slot] * pad,
+                             [s[0] for s in snaps] + [0] * pad, [s[1] for s in snaps] + [mem.scratch_slot] * pad],
+                            dtype=torch.long)
         width = max(len(row) for row in b.page_table)
-        pad = r.mem.scratch_page
-        table = torch.tensor([row + [pad] * (width - len(row)) for row in b.page_table], dtype=torch.int32)
-        prefix = torch.tensor(b.prefix_lens, dtype=torch.long).view(B, 1)
-        n = torch.tensor(lens, dtype=torch.long).view(B, 1)
-        pos = prefix + torch.arange(L).view(1, L)  # [B, L]
-        real = pos < prefix + n
+        page = mem.scratch_page
+        table = torch.tensor([row + [page] * (width - len(row)) for row in b.page_table] + [[page] * width] * pad,
+                             dtype=torch.int32)
+        return ints, table
+
+    def _device_batch(self, ids: torch.Tensor, prefix: torch.Tensor, n: torch.Tensor, table: torch.Tensor,
+                      slots: torch.Tensor, L: int) -> ForwardBatch:
+        """The VERIFY batch of blocks padded to L, from device tensors alone (a CUDA graph can build it): block i
+        feeds n[i] real tokens from position prefix[i]; past them (and in blocks with n = 0) tokens write their
+        latents to the scratch page and attend to their block's real keys only (at least one key)."""
+        mem = self.runner.mem
+        ps, B, width = mem.page_size, n.shape[0], table.shape[1]
+        step = torch.arange(L, device=n.device).view(1, L)
+        pos = prefix.view(B, 1) + step
+        real = step < n.view(B, 1)
         page = table.gather(1, torch.where(real, pos // ps, 0).clamp_max(width - 1)).long()
-        locs = torch.where(real, page * ps + pos % ps, pad * ps)
-        keys = torch.minimum(pos, prefix + n - 1) + 1
-        host = torch.cat([pos.view(-1), locs.view(-1), keys.view(-1), n.view(-1)])
-        pos_t, locs_t, keys_t, lens_t = host.to(dev, non_blocking=True).split([B * L, B * L, B * L, B])
-        return ForwardBatch(ForwardMode.VERIFY, ids, pos_t, [L] * B, list(b.prefix_lens), mem=r.mem,
-                            page_table=table.to(dev, non_blocking=True), out_cache_loc=locs_t,
-                            state_slots=torch.tensor(b.state_slots, dtype=torch.long, device=dev),
-                            capture_layers=self.layers, spec_rollback=self.rollback,
-                            verify_lens_t=lens_t.to(torch.int32), key_lens_t=keys_t.to(torch.int32))
+        locs = torch.where(real, page * ps + pos % ps, mem.scratch_page * ps)
+        keys = (torch.minimum(pos, (prefix + n - 1).view(B, 1)) + 1).clamp_min(1)
+        return ForwardBatch(ForwardMode.VERIFY, ids, pos.view(-1), [L] * B, [0] * B, mem=mem, page_table=table,
+                            out_cache_loc=locs.view(-1), state_slots=slots, capture_layers=self.layers,
+                            spec_rollback=self.rollback, verify_lens_t=n.to(torch.int32),
+                            key_lens_t=keys.view(-1).to(torch.int32))
+
+    def _forward_batch(self, b: Batch, ids: torch.Tensor, lens: list[int], L: int | None = None) -> ForwardBatch:
+        """The VERIFY batch of blocks of `lens` tokens padded to L (default: the longest); one host-to-device copy
+        of the step's integers."""
+        dev = self.runner.device
+        ints, table = self._host_ints(b, [n - 1 for n in lens])
+        ints, table = ints.to(dev, non_blocking=True), table.to(dev, non_blocking=True)
+        return self._device_batch(ids, ints[2], ints[1] + 1, table, ints[3], L or max(lens))
+
+    # ---- the greedy step on the device
+    def greedy_on_device(self, b: Batch, prune: bool) -> bool:
+        """Whether acceptance can run on the device: every request plain greedy (no penalties, no held-back stop
+        tokens), no logprobs, no pruning plan, ReplaySSM."""
+        if prune or self.rollback != "replay" or b.want_logprobs or b.top_logprobs_num:
+            return False
+        return all(st.params.greedy and not st.needs_counts and (not st.stop_ids or st.step >= st.params.min_new_tokens)
+                   for st in b.sampling_states)
+
+    def greedy_step(self, feats: torch.Tensor, ints: torch.Tensor, table: torch.Tensor, L: int | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A whole greedy speculative step on the device, with no host synchronisation (a CUDA graph captures it):
+        draft gamma tokens, verify every block whole, accept the longest prefix of drafts equal to the target's
+        argmax, fold the committed steps (and the snapshots they reach) into the state, and gather the features at
+        each block's last committed position. feats [B, F]; ints [6, B] and table as `_host_ints` builds them.
+
+        Returns (packed [B, gamma + 2] int64: the drafts, the target's token after the accepted ones, the number
+        accepted; the next features [B, F]). Padding rows (drafts allowed -1) verify and commit nothing. Blocks are
+        padded to L tokens (default gamma + 1; at least 1 + the most drafts a block may keep)."""
+        r, G = self.runner, self.gamma
+        L = L or G + 1
+        x0, keep, prefix, slots, snap_n, snap_slot = ints
+        B = x0.shape[0]
+        x0 = torch.where(x0 < 0, r.future[(-x0 - 1).clamp_min(0)], x0)
+        draft = self.drafter.propose(feats, x0, G, want_probs=False, want_confidence=False)
+        n = keep + 1
+        ids = torch.cat([x0.view(B, 1), draft.tokens[:, : L - 1]], 1).view(-1)
+        fb = self._device_batch(ids, prefix, n, table, slots, L)
+        out = r.model(fb)
+        top = out.logits.argmax(-1).view(B, L)
+        steps = torch.arange(L - 1, device=keep.device).view(1, L - 1)
+        match = (draft.tokens[:, : L - 1] == top[:, : L - 1]) & (steps < keep.view(B, 1))
+        acc = match.long().cumprod(1).sum(1)
+        commit = torch.where(n > 0, acc + 1, 0).to(torch.int32)
+        taken = (snap_n > 0) & (snap_n <= commit)
+        snaps = (torch.where(taken, snap_n, 0).to(torch.int32), snap_slot)
+        for layer, rec in fb.replay.items():
+            kda_ops.fold(rec, r.mem.conv_state(layer), r.mem.ssm_state(layer), slots, commit, snaps)
+        rows = torch.arange(B, device=keep.device) * L + (commit.long() - 1).clamp_min(0)
+        nxt = self.drafter.gather_features({l: out.captured[l][rows] for l in self.layers})
+        self.window_bytes = sum(rec.nbytes() for rec in fb.replay.values())  # from shapes: no synchronisation
+        self._window_row = self.window_bytes // max(B, 1)
+        return torch.cat([draft.tokens, top.gather(1, acc.view(B, 1)), acc.view(B, 1)], 1), nxt
+
+    def _run_greedy(self, b: Batch, keep: list[int]) -> tuple[BatchResult, list[int]]:
+        """The step of `greedy_step`, replayed as one CUDA graph where one serves the batch; one device-to-host copy.
+        Returns the result and each request's committed steps."""
+        B, G, dev = len(b.reqs), self.gamma, self.runner.device
+        runner = self.step_graphs
+        graphed = (runner is not None and runner.bucket(B) is not None
+                   and max(len(row) for row in b.page_table) <= runner.max_pages)
+        ints, table = self._host_ints(b, keep, runner.bucket(B) if graphed else None)
+        if graphed:
+            packed, feats = runner.run([self.features[q.rid] for q in b.reqs], ints, table)
+            self.window_bytes = self._window_row * B
+        else:
+            feats = torch.stack([self.features[q.rid] for q in b.reqs])
+            # eager: blocks only as long as the longest (as the host path pads them)
+            packed, feats = self.greedy_step(feats, ints.to(dev, non_blocking=True), table.to(dev, non_blocking=True),
+                                             1 + max(keep))
+        packed = packed[:B].tolist()
+        feats = feats[:B].clone() if graphed else feats  # a graph's outputs are overwritten by its next replay
+        tokens, taken = [], []
+        snaps = b.spec_snapshots or [None] * B
+        for i, q in enumerate(b.reqs):
+            self.features[q.rid] = feats[i]
+            row = packed[i]
+            acc = row[G + 1]
+            toks = row[:acc] + [row[G]]
+            for t in toks:
+                b.sampling_states[i].advance(t)
+            tokens.append(toks)
+            taken.append(snaps[i] is not None and snaps[i][0] <= acc + 1)
+        res = BatchResult(tokens=[t[-1] for t in tokens], spec_tokens=tokens, spec_drafted=list(keep),
+                          spec_snapshots=taken)
+        return res, [len(t) for t in tokens]
 
     # ---- planning
     @staticmethod
@@ -215,7 +337,7 @@ class SpecWorker:
     def prepare(self, max_batch: int) -> None:
         """At start-up, like decode graph capture: measure the planner's profile of every bucket up to `max_batch`
         and capture every graph a step may replay (drafting with and without confidence, verify and fold of each
-        block length the planner may leave); else each is captured the first time a step needs it, which stalls
+        block length the planner may leave, the greedy step's single graph); else each is captured the first time a step needs it, which stalls
         that step (~0.4 s for a fold graph on the H200: the planner's steps paid it inside the measured run)."""
         if self.use_planner:
             for batch in range(PLANNER_MIN_BATCH, max_batch + 1):
@@ -226,6 +348,7 @@ class SpecWorker:
                     # whole blocks at every size (below the planner, and when its guard serves a step whole); with
                     # the planner, drafting with confidence and the verify + fold of every block length too
                     planning = self.use_planner and bs >= PLANNER_MIN_BATCH
+                    self.step_graphs.ensure(bs)  # greedy steps: the whole step as one graph
                     self.draft_graphs.ensure(bs, False)
                     for L in range(1 if planning else self.gamma + 1, self.gamma + 2):
                         self.graphs.ensure_fold(bs, L)

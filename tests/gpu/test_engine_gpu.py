@@ -69,3 +69,36 @@ def test_speculative_greedy_on_gpu_matches_plain_decoding(overlap):
                 if out != ref:
                     first = next(i for i, (a, b) in enumerate(zip(out, ref)) if a != b)
                     assert gaps[first] < 1e-3, f"diverged at token {first} where the reference margin is {gaps[first]}"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_speculative_step_graph_equals_host_acceptance(dtype):
+    """The greedy speculative step as one CUDA graph (draft, verify, accept, fold, next features) against the path
+    that accepts on the host (draft, verify and fold graphs, host acceptance): the same kernels on the same shapes,
+    so the same tokens and the same accepted drafts per request, and the same final state in every slot."""
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 2000, (int(n),), generator=g).tolist() for n in torch.randint(5, 90, (10,), generator=g)]
+    params = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
+    runs = []
+    for on_device in (True, False):
+        with Engine(speculative_algorithm="dspark", device="cuda", dtype=dtype, skip_tokenizer_init=True,
+                    disable_radix_cache=True, max_running_requests=16) as engine:
+            worker = engine.core.runner.spec
+            assert worker.step_graphs is not None and worker.step_graphs.graphs
+            used = []
+            decide = worker.greedy_on_device
+
+            def counted(b, prune, decide=decide, on_device=on_device):
+                used.append(on_device and decide(b, prune))
+                return used[-1]
+
+            worker.greedy_on_device = counted
+            outs = engine.generate(input_ids=prompts, sampling_params=params)
+            mem = engine.core.runner.mem
+            state = [t.clone() for l in engine.core.cfg.kda_layer_ids for t in (mem.conv_state(l), mem.ssm_state(l))]
+            runs.append(([(o["output_ids"], o["meta_info"]["spec_accepted_tokens"]) for o in outs], state))
+            assert any(used) == on_device
+    assert runs[0][0] == runs[1][0]
+    assert sum(a for _, a in runs[0][0]) > 0
+    for a, b in zip(runs[0][1], runs[1][1]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)

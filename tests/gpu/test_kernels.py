@@ -142,8 +142,13 @@ def test_kda_verify_and_fold(dtype, lower_bound, logits):
     assert rel(o_k[valid], o_ref[valid]) < TOL[dtype]
     for name in ("k", "v", "g", "beta"):  # past a block's length the kernel keeps real inputs, the reference zeros
         assert rel(getattr(rec_k, name)[valid], getattr(rec_ref, name)[valid]) < TOL[dtype], name
+    c_t, s_t = c_k.clone(), s_k.clone()
     R.kda_fold(rec_ref, c_ref, s_ref, slots, commit, snaps)
     K.kda_fold(rec_k, c_k, s_k, slots, torch.tensor(commit, device=DEV), snaps)
+    # the device form of the snapshots (steps, slot tensors; 0 steps = none), as a CUDA graph's fold passes them
+    steps = torch.tensor([0 if s is None else s[0] for s in snaps], dtype=torch.int32, device=DEV)
+    K.kda_fold(rec_k, c_t, s_t, slots, torch.tensor(commit, device=DEV), (steps, snap_slots.to(torch.int32)))
+    assert torch.equal(c_t, c_k) and torch.equal(s_t, s_k), "device-form snapshots differ from the list form"
     touched = torch.cat([slots, snap_slots[::2]])
     assert rel(s_k[touched], s_ref[touched]) < STATE_TOL[dtype], ("state", rel(s_k[touched], s_ref[touched]))
     assert rel(c_k[touched], c_ref[touched]) < TOL[dtype], ("conv", rel(c_k[touched], c_ref[touched]))

@@ -88,6 +88,95 @@ def test_trained_like_drafter_accepts_and_planner_keeps_output(tiny64, drafter_d
     core.shutdown()
 
 
+def _oracle_drafts(core, tiny64, seed: int):
+    """Make the worker's drafter propose the reference greedy continuation with one token spoiled at a random
+    position per block (or none): acceptance lengths vary from 0 to gamma."""
+    worker = core.runner.spec
+    rng = torch.Generator().manual_seed(seed)
+    by_rid, current = {}, []
+    run, propose = worker.run, worker.drafter.propose
+
+    def oracle(features, last_token, gamma, **kw):
+        out = propose(features, last_token, gamma, **kw)
+        for i, rid in enumerate(current):
+            r = by_rid[rid]
+            cont = greedy_reference(tiny64, r.prompt_ids, len(r.output_ids) + 1 + gamma)
+            block = cont[len(r.output_ids) : len(r.output_ids) + gamma]
+            spoil = int(torch.randint(0, gamma + 1, (1,), generator=rng))
+            if spoil < gamma:
+                block[spoil] = (block[spoil] + 1) % tiny64.cfg.vocab_size
+            out.tokens[i] = torch.tensor(block)
+        return out
+
+    def run_and_track(b):
+        current[:] = [r.rid for r in b.reqs]
+        res = run(b)
+        by_rid["snapshots taken"] = by_rid.get("snapshots taken", 0) + sum(res.spec_snapshots)
+        return res
+
+    worker.run, worker.drafter.propose = run_and_track, oracle
+    return by_rid
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_device_acceptance_equals_host_acceptance(tiny64, drafter_dir, page_size):
+    """The greedy step on the device (one CUDA graph on a GPU) against acceptance on the host, over drafts whose
+    accepted length varies: the same tokens (the reference's), the same accepted drafts per request, the same
+    prefix-cache snapshots taken inside draft windows (interval 8 < gamma + 1 steps)."""
+    prompts = [BASE[:n] + p for n, p in zip([0, 40, 70] * 3, random_prompts(9, seed=11, lo=3, hi=30))]
+    runs, states = [], []
+    for on_device in (True, False):
+        core = spec_core(tiny64, drafter_dir, page_size=page_size, speculative_num_draft_tokens=5,
+                         disable_verify_planner=True, state_track_interval=8)
+        worker = core.runner.spec
+        calls = {"device": 0}
+        decide = worker.greedy_on_device
+
+        def counted(b, prune, decide=decide, on_device=on_device):
+            used = on_device and decide(b, prune)
+            calls["device"] += used
+            return used
+
+        worker.greedy_on_device = counted
+        by_rid = _oracle_drafts(core, tiny64, seed=page_size)
+        reqs = [core.make_request(p, {**G, "max_new_tokens": 17}) for p in prompts]
+        by_rid.update({r.rid: r for r in reqs})
+        done = drive(core, reqs, seed=2)
+        out = [(done[r.rid].output_ids, done[r.rid].spec_accepted, done[r.rid].spec_verify_ct) for r in reqs]
+        for (ids, _, _), p in zip(out, prompts):
+            assert ids == greedy_reference(tiny64, p, 17)
+        assert (calls["device"] > 0) == on_device
+        runs.append((out, core.scheduler.stats.cached_tokens, by_rid["snapshots taken"]))
+        mem = core.runner.mem
+        states.append([t.clone() for l in tiny64.cfg.kda_layer_ids for t in (mem.conv_state(l), mem.ssm_state(l))])
+        core.shutdown()
+    assert runs[0] == runs[1]
+    assert runs[0][2] > 0  # windows crossed checkpoint positions
+    # every slot bit for bit: the checkpoints the prefix cache still holds, and the poison of every freed slot
+    for a, b in zip(*states):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    assert sum(a for _, a, _ in runs[0][0]) > len(prompts)  # drafts were accepted, not only rejected
+
+
+def test_host_acceptance_requests_batch_with_device_ones(tiny64, drafter_dir):
+    """Requests the device step cannot serve (logprobs, a repetition penalty, min_new_tokens holding back EOS)
+    in the same engine as plain greedy ones: each gets exactly what plain decoding gives it."""
+    prompts = random_prompts(6, seed=12, lo=3, hi=25)
+    eos = tiny64.cfg.eos_token_ids[0]
+    params = [dict(G), {**G, "repetition_penalty": 1.3}, dict(G), {**G, "min_new_tokens": 10, "ignore_eos": False,
+              "stop_token_ids": [eos]}, dict(G), dict(G)]
+    logprob = [False, False, True, False, False, False]
+    outs = []
+    for spec in (False, True):
+        core = spec_core(tiny64, drafter_dir, speculative_num_draft_tokens=4) if spec else make_core(tiny64)
+        reqs = [core.make_request(p, q, return_logprob=lp) for p, q, lp in zip(prompts, params, logprob)]
+        done = drive(core, reqs, seed=4)
+        outs.append([(done[r.rid].output_ids, [round(x, 9) for x in done[r.rid].output_logprobs]) for r in reqs])
+        core.shutdown()
+    assert outs[0] == outs[1]
+    assert outs[1][2][1] and len(outs[1][2][1]) == len(outs[1][2][0])
+
+
 def test_planner_overhead_counts_host_time_between_steps(tiny64, drafter_dir):
     """The fixed cost the planner adds to every plan includes the engine's host work between two speculative steps
     (scheduling, result processing), not only drafting, acceptance and the fold: a 0.2 s stall between steps (below

@@ -41,8 +41,13 @@ def verify(x, raw_gate, beta, lens, conv_weight, conv_state, ssm, slots, A_log, 
 
 
 def fold(rec, conv_state, ssm, slots, commit, snapshots=None) -> None:
-    """ReplaySSM: commit the first commit[i] verify steps of each block onto its state (see reference.kda_fold)."""
+    """ReplaySSM: commit the first commit[i] verify steps of each block onto its state (see reference.kda_fold).
+    commit: a list or a device tensor; snapshots: per block None or (steps, slot), or the device form, a pair of
+    int tensors (steps [B], slot [B]) where 0 steps takes none (a CUDA graph's fold decides them on the device)."""
     fn = kernel(__name__ + ".triton", "kda_fold", rec.x) or reference.kda_fold
-    if fn is reference.kda_fold and isinstance(commit, torch.Tensor):
-        commit = commit.tolist()
+    if fn is reference.kda_fold:
+        if isinstance(commit, torch.Tensor):
+            commit = commit.tolist()
+        if isinstance(snapshots, tuple):  # device form: (steps [B], slot [B]), steps 0 = none
+            snapshots = [None if n <= 0 else (n, s) for n, s in zip(snapshots[0].tolist(), snapshots[1].tolist())]
     return fn(rec, conv_state, ssm, slots, commit, snapshots)

@@ -318,7 +318,9 @@ def kda_fold(rec, conv_state, ssm, slots, commit, snapshots=None) -> None:
     W = conv_state.shape[1] + 1
     n = _device_ints(commit, rec.x.device)
     snaps = None
-    if snapshots is not None and any(s is not None for s in snapshots):
+    if isinstance(snapshots, tuple):  # the device form: (steps, slot) tensors, 0 steps = none
+        snaps = (_device_ints(snapshots[0], rec.x.device), _device_ints(snapshots[1], rec.x.device))
+    elif snapshots is not None and any(s is not None for s in snapshots):
         snaps = (_device_ints([0 if s is None else s[0] for s in snapshots], rec.x.device),
                  _device_ints([0 if s is None else s[1] for s in snapshots], rec.x.device))
     if not B:
