@@ -7,6 +7,8 @@ into a ForwardBatch on the forward thread. A decode input whose token is not sam
 
 from dataclasses import dataclass, field
 
+import torch
+
 from kestrel.engine.request import Req
 from kestrel.engine.sampler import SamplingState
 from kestrel.models.forward_batch import ForwardMode
@@ -45,7 +47,7 @@ class Batch:
 
 @dataclass
 class BatchResult:
-    tokens: list[int]  # one per sample row
+    tokens: list[int]  # one per sample row (until `resolve`, possibly still on their way from the device)
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
     # VERIFY: per request the tokens it gains (accepted drafts + the target's token), drafts verified, whether
@@ -55,3 +57,41 @@ class BatchResult:
     spec_snapshots: list[bool] | None = None
     spec_logprobs: list[list[float]] | None = None
     spec_top_logprobs: list[list | None] | None = None
+
+    # (event, tokens, logprobs, (top values, top ids)) copying into pinned host memory; see `pending`
+    copying: tuple | None = None
+
+    @classmethod
+    def pending(cls, tokens: torch.Tensor, logprobs: torch.Tensor | None = None,
+                top: tuple[torch.Tensor, torch.Tensor] | None = None) -> "BatchResult":
+        """A result whose tensors are still being computed: on CUDA, start non-blocking copies into pinned memory
+        and record an event, so that the forward thread can launch the next batch before these values exist (the
+        scheduler `resolve`s them on its own thread); elsewhere read them now."""
+        if tokens.device.type != "cuda":
+            return cls(*_lists(tokens, logprobs, top))
+
+        def host(t: torch.Tensor) -> torch.Tensor:
+            return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+
+        parts = (host(tokens), None if logprobs is None else host(logprobs),
+                 None if top is None else (host(top[0]), host(top[1])))
+        event = torch.cuda.Event()
+        event.record()
+        return cls([], copying=(event, *parts))
+
+    def resolve(self) -> "BatchResult":
+        """Wait for the copies `pending` started (a no-op for a result built from lists)."""
+        if self.copying is not None:
+            event, *parts = self.copying
+            event.synchronize()
+            self.tokens, self.logprobs, self.top_logprobs = _lists(*parts)
+            self.copying = None
+        return self
+
+
+def _lists(tokens: torch.Tensor, logprobs: torch.Tensor | None, top: tuple | None):
+    top_lists = None
+    if top is not None:
+        vals, idx = top
+        top_lists = [list(zip(i, v)) for i, v in zip(idx.tolist(), vals.tolist())]
+    return tokens.tolist(), None if logprobs is None else logprobs.tolist(), top_lists

@@ -107,10 +107,18 @@ class ModelRunner:
         per_token = self.cfg.kv_latent_dim * len(self.cfg.mla_layer_ids) * torch.finfo(self.dtype).bits // 8
         return max(4096, int(free * self.args.mem_fraction_static * 0.5) // max(per_token, 1))
 
+    def to_device(self, data, dtype=torch.long) -> torch.Tensor:
+        """Host data (a list or a CPU tensor) on the runner's device without waiting for the device: a copy from
+        pageable memory that is not non-blocking synchronises the stream, so the host could not prepare a batch
+        while the previous one runs. On CUDA the data goes through pinned memory with a non-blocking copy."""
+        t = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
+        if self.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
+
     @torch.inference_mode()
     def run(self, b: Batch) -> BatchResult:
-        dev = self.device
-        ids = torch.tensor(b.input_ids, dtype=torch.long, device=dev)
+        ids = self.to_device(b.input_ids)
         if min(b.input_ids) < 0:
             ids = torch.where(ids < 0, self.future[(-ids - 1).clamp_min(0)], ids)
         for op in b.mem_ops:
@@ -120,12 +128,12 @@ class ModelRunner:
         if self.spec is not None:
             self.spec.interrupted()
         if b.mode == ForwardMode.DECODE:
-            positions = torch.tensor(b.prefix_lens, dtype=torch.long, device=dev)
+            positions = self.to_device(b.prefix_lens)
         else:
-            positions = torch.cat([torch.arange(p, p + n) for p, n in zip(b.prefix_lens, b.extend_lens)]).to(dev)
+            positions = self.to_device(torch.cat([torch.arange(p, p + n) for p, n in zip(b.prefix_lens, b.extend_lens)]))
         width = max(len(row) for row in b.page_table)
         pad = self.mem.scratch_page
-        table = torch.tensor([row + [pad] * (width - len(row)) for row in b.page_table], dtype=torch.int32, device=dev)
+        table = self.to_device([row + [pad] * (width - len(row)) for row in b.page_table], torch.int32)
         cu = [0]
         for n in b.extend_lens:
             cu.append(cu[-1] + n)
@@ -139,10 +147,9 @@ class ModelRunner:
             track = track if any(t is not None for t in track) else None
         fb = ForwardBatch(
             b.mode, ids, positions, b.extend_lens, b.prefix_lens, mem=self.mem, page_table=table,
-            out_cache_loc=torch.tensor(b.out_cache_loc, dtype=torch.long, device=dev),
-            state_slots=torch.tensor(b.state_slots, dtype=torch.long, device=dev), track=track,
-            logits_indices=torch.tensor([cu[r + 1] - 1 for r in b.sample_rows], dtype=torch.long, device=dev),
-            seq_lens_t=torch.tensor([p + n for p, n in zip(b.prefix_lens, b.extend_lens)], device=dev))
+            out_cache_loc=self.to_device(b.out_cache_loc), state_slots=self.to_device(b.state_slots), track=track,
+            logits_indices=self.to_device([cu[r + 1] - 1 for r in b.sample_rows]),
+            seq_lens_t=self.to_device([p + n for p, n in zip(b.prefix_lens, b.extend_lens)]))
         if not b.sample_rows:
             fb.logits_indices = fb.logits_indices[:0]
         if self.spec is not None:
@@ -158,14 +165,9 @@ class ModelRunner:
         if not b.sample_rows:
             return BatchResult([])
         s = sample(out.logits, b.sampling_states, b.want_logprobs, b.top_logprobs_num)
-        self.future[torch.tensor(b.future_idx, dtype=torch.long, device=dev)] = s.tokens
-        res = BatchResult(s.tokens.tolist())
-        if s.logprobs is not None:
-            res.logprobs = s.logprobs.tolist()
-        if s.top_logprobs is not None:
-            vals, idx = s.top_logprobs
-            res.top_logprobs = [list(zip(i, v)) for i, v in zip(idx.tolist(), vals.tolist())]
-        return res
+        self.future[self.to_device(b.future_idx)] = s.tokens
+        # on a GPU the tokens come back while the next batch launches: the scheduler resolves them
+        return BatchResult.pending(s.tokens, s.logprobs, s.top_logprobs)
 
 
 class ForwardThread:

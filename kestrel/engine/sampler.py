@@ -30,7 +30,8 @@ class SamplingState:
         p = self.params
         return p.frequency_penalty != 0 or p.presence_penalty != 0 or p.repetition_penalty != 1
 
-    def advance(self, token: int) -> None:
+    def advance(self, token: int | None) -> None:
+        """One token out: the step moves on (and, with penalties, the token is counted: it must be known)."""
         self.step += 1
         if self.needs_counts:
             self.counts[token] = self.counts.get(token, 0) + 1
@@ -68,9 +69,10 @@ def _filter(probs: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
     if p.top_p < 1:
         sorted_p, order = probs.sort(descending=True)
-        # keep the smallest prefix whose mass reaches top_p (the token crossing the line included)
+        # keep the smallest prefix whose mass reaches top_p (the token crossing the line included); a masked
+        # scatter, not boolean indexing, which would read the mask back to the host
         drop = sorted_p.cumsum(0) - sorted_p > p.top_p * sorted_p.sum()
-        probs = probs.scatter(0, order[drop], 0.0)
+        probs = probs.scatter(0, order, torch.where(drop, 0.0, sorted_p))
     if p.min_p > 0:
         probs = torch.where(probs >= p.min_p * probs.max(), probs, torch.zeros_like(probs))
     return probs
@@ -94,7 +96,12 @@ def distribution(row: torch.Tensor, st: SamplingState) -> torch.Tensor:
 
 def draw(probs: torch.Tensor, st: SamplingState) -> int:
     """A token from probs with the request's noise for its current step (the exponential race)."""
-    return int((probs / _noise(st.seed, st.step, probs.numel(), probs.device)).argmax())
+    return int(_draw(probs, st))
+
+
+def _draw(probs: torch.Tensor, st: SamplingState) -> torch.Tensor:
+    """`draw` as a 0-d device tensor (no read back)."""
+    return (probs / _noise(st.seed, st.step, probs.numel(), probs.device)).argmax()
 
 
 def uniform(st: SamplingState) -> float:
@@ -115,11 +122,13 @@ def sample(logits: torch.Tensor, states: list[SamplingState], want_logprobs: boo
         if p.greedy:
             tokens[i] = adjusted_logits(logits[i], st).argmax()
         else:
-            tokens[i] = draw(distribution(logits[i], st), st)
+            tokens[i] = _draw(distribution(logits[i], st), st)
     logprobs = top = None
     if want_logprobs or top_logprobs_num:
         logprobs, top = token_logprobs(logits, tokens, top_logprobs_num)
-    for st, t in zip(states, tokens.tolist()):
+    # the tokens stay on the device (the caller reads them back when it needs them) unless a penalty must count them
+    values = tokens.tolist() if any(st.needs_counts for st in states) else [None] * len(states)
+    for st, t in zip(states, values):
         st.advance(t)
     return SampleOutput(tokens, logprobs, top)
 

@@ -141,14 +141,14 @@ class Scheduler:
 
     def _run_safely(self, batch: Batch) -> BatchResult | Exception:
         try:
-            return self.runner.run(batch)
+            return self.runner.run(batch).resolve()
         except Exception as e:  # noqa: BLE001 - one failing forward fails its requests, not the engine
             log.exception("forward failed")
             return e
 
     def _result(self, future, batch: Batch) -> BatchResult | Exception:
         try:
-            return future.result()
+            return future.result().resolve()
         except Exception as e:  # noqa: BLE001
             log.exception("forward failed")
             return e

@@ -247,9 +247,8 @@ class SpecWorker:
     def _forward_batch(self, b: Batch, ids: torch.Tensor, lens: list[int], L: int | None = None) -> ForwardBatch:
         """The VERIFY batch of blocks of `lens` tokens padded to L (default: the longest); one host-to-device copy
         of the step's integers."""
-        dev = self.runner.device
         ints, table = self._host_ints(b, [n - 1 for n in lens])
-        ints, table = ints.to(dev, non_blocking=True), table.to(dev, non_blocking=True)
+        ints, table = self.runner.to_device(ints), self.runner.to_device(table)
         return self._device_batch(ids, ints[2], ints[1] + 1, table, ints[3], L or max(lens))
 
     # ---- the greedy step on the device
@@ -299,7 +298,7 @@ class SpecWorker:
     def _run_greedy(self, b: Batch, keep: list[int]) -> tuple[BatchResult, list[int]]:
         """The step of `greedy_step`, replayed as one CUDA graph where one serves the batch; one device-to-host copy.
         Returns the result and each request's committed steps."""
-        B, G, dev = len(b.reqs), self.gamma, self.runner.device
+        B, G = len(b.reqs), self.gamma
         runner = self.step_graphs
         graphed = (runner is not None and runner.bucket(B) is not None
                    and max(len(row) for row in b.page_table) <= runner.max_pages)
@@ -310,7 +309,7 @@ class SpecWorker:
         else:
             feats = torch.stack([self.features[q.rid] for q in b.reqs])
             # eager: blocks only as long as the longest (as the host path pads them)
-            packed, feats = self.greedy_step(feats, ints.to(dev, non_blocking=True), table.to(dev, non_blocking=True),
+            packed, feats = self.greedy_step(feats, self.runner.to_device(ints), self.runner.to_device(table),
                                              1 + max(keep))
         packed = packed[:B].tolist()
         feats = feats[:B].clone() if graphed else feats  # a graph's outputs are overwritten by its next replay

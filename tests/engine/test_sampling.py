@@ -102,3 +102,19 @@ def test_bad_sampling_params_name_the_value(tiny64, bad, pattern):
     core = make_core(tiny64, disable_radix_cache=True)
     with pytest.raises(InvalidRequest, match=pattern):
         core.make_request([1, 2, 3], bad)
+
+
+def test_sampling_leaves_tokens_on_the_device_unless_penalties_count_them(monkeypatch):
+    """`sample` reads its tokens back only when a penalty must count them: otherwise the states only step on, so
+    the overlap scheduler's next batch can launch before this one's tokens reach the host."""
+    reads = []
+    real = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or real(t))
+    logits = torch.randn(3, 50, dtype=torch.float64)
+    plain = [SamplingState(SamplingParams(temperature=t, seed=1), 1, []) for t in (0.0, 0.7, 1.0)]
+    out = sample(logits.clone(), plain, False, 0)
+    assert reads == [] and [st.step for st in plain] == [1, 1, 1]
+    penalised = [SamplingState(SamplingParams(temperature=0.0, presence_penalty=0.5), 1, [])] + plain[1:]
+    out2 = sample(logits.clone(), penalised, False, 0)
+    assert reads and penalised[0].counts == {int(out2.tokens[0]): 1}
+    assert int(out.tokens[0]) == int(logits[0].argmax())

@@ -102,3 +102,25 @@ def test_speculative_step_graph_equals_host_acceptance(dtype):
     assert sum(a for _, a in runs[0][0]) > 0
     for a, b in zip(runs[0][1], runs[1][1]):
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+def test_pending_result_holds_the_values_at_its_launch():
+    """A batch's sampled tokens come back as a pending copy (the forward thread launches the next batch before they
+    exist on the host): resolving it later gives the values they had when the copy was queued, whatever the
+    device does to the source afterwards."""
+    from kestrel.engine.batch import BatchResult
+
+    tokens = torch.arange(5, device="cuda") * 7
+    logprobs = torch.linspace(-3, 0, 5, device="cuda", dtype=torch.float64)
+    top = (logprobs.view(5, 1).repeat(1, 2), tokens.view(5, 1).repeat(1, 2))
+    res = BatchResult.pending(tokens, logprobs, top)
+    assert res.tokens == [] and res.copying is not None
+    x = torch.randn(4096, 4096, device="cuda")
+    for _ in range(20):  # keep the device busy, then overwrite the sources
+        x = x @ x / 64
+    tokens.fill_(-1)
+    logprobs.fill_(1.0)
+    res.resolve()
+    assert res.tokens == [0, 7, 14, 21, 28] and res.copying is None
+    assert res.logprobs == torch.linspace(-3, 0, 5, dtype=torch.float64).tolist()
+    assert res.top_logprobs[1] == [(7, res.logprobs[1])] * 2

@@ -1,0 +1,87 @@
+"""The overlap scheduler against serial scheduling, on one engine, at batch 1 (issue 4): decode tok/s from each
+request's first token to its last, the two modes in interleaved rounds, beside the decode step's CUDA graph
+replayed alone (the device's share of a step; the rest of a serial step is host work the overlap can hide).
+
+    PYTHONPATH=. python benchmarks/overlap.py [--model k3-mini --device cuda --dtype bfloat16] [--rounds 3]
+
+The same engine serves both modes: its scheduler's forward thread is switched on and off between rounds.
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from kestrel.config import ServerArgs
+from kestrel.engine.core import EngineCore
+from kestrel.engine.model_runner import ForwardThread
+
+
+def decode_rate(core: EngineCore, prompts, new: int) -> float:
+    params = {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}
+    tokens, seconds = 0, 0.0
+    for p in prompts:
+        req = core.make_request(p, params)
+        core.add_request(req)
+        while core.has_work():
+            core.step()
+        tokens += len(req.output_ids) - 1
+        seconds += req.finished_at - req.first_token_at
+    return tokens / seconds
+
+
+def graph_ms(core: EngineCore, replays: int = 200) -> float | None:
+    graphs = core.runner.graphs
+    if graphs is None:
+        return None
+    g = graphs.graphs[min(graphs.graphs)]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    g.replay()
+    start.record()
+    for _ in range(replays):
+        g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / replays
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="k3-mini")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    core = EngineCore(ServerArgs(model_path=args.model, device=args.device, dtype=args.dtype, skip_tokenizer_init=True,
+                                 max_running_requests=1, cuda_graph_max_bs=1))
+    sched = core.scheduler
+    sched.serial_single = False  # on a CPU a one-request batch otherwise never uses the forward thread
+    thread = sched.forward or ForwardThread(core.runner)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, core.cfg.vocab_size, (64,), generator=gen).tolist() for _ in range(args.prompts)]
+    decode_rate(core, prompts, 8)  # warm-up: compiles, the prefill shape
+    rates = {"serial": [], "overlap": []}
+    for _ in range(args.rounds):
+        for mode in rates:
+            sched.forward = thread if mode == "overlap" else None
+            rates[mode].append(decode_rate(core, prompts, args.new_tokens))
+    g = graph_ms(core)
+    thread.shutdown()
+    sched.forward = None
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print(f"# overlap {time.strftime('%Y-%m-%d %H:%M:%S')} {args.model} on {args.device} ({args.dtype}), batch 1, "
+          f"{args.prompts} prompts x {args.new_tokens} tokens, {args.rounds} interleaved rounds")
+    for mode, v in rates.items():
+        print(f"   {mode:8s} {med[mode]:8.1f} tok/s = {1e3 / med[mode]:.3f} ms a token (rounds "
+              + ", ".join(f"{x:.1f}" for x in v) + ")")
+    print(f"   overlap / serial: x{med['overlap'] / med['serial']:.2f}")
+    if g is not None:
+        print(f"   decode graph alone: {g:.3f} ms a step (the device's share; a step cannot beat it)")
+    core.shutdown()
+
+
+if __name__ == "__main__":
+    main()
