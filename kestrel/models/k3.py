@@ -17,6 +17,7 @@ from kestrel.models.layers.linear import Linear
 from kestrel.models.layers.norm import RMSNorm
 from kestrel.models.mla import MLAMixer
 from kestrel.models.moe import MoE, DenseFFN, activation
+from kestrel.ops import reference_ops
 from kestrel.ops.attn_res import attn_res, attn_res_settle
 from kestrel.ops.norm import add_rms_norm
 
@@ -137,6 +138,14 @@ class K3ForCausalLM(nn.Module):
         self.model.fuse_projections()
 
     def forward(self, fb: ForwardBatch) -> ModelOutput:
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+            # autograd is recording a trainable model: the differentiable reference ops (the Triton kernels have no
+            # backward, so a gradient through them would be lost without a word). Serving runs in inference mode.
+            with reference_ops():
+                return self._forward(fb)
+        return self._forward(fb)
+
+    def _forward(self, fb: ForwardBatch) -> ModelOutput:
         hidden, captured = self.model(fb)
         rows = hidden if fb.logits_indices is None else hidden[fb.logits_indices]
         return ModelOutput(self.lm_head(rows), hidden, captured)

@@ -169,3 +169,32 @@ def test_fused_projections_equal_the_separate_layers(preset):
     for _ in range(10):
         outs = [run_batch(m, mem, [s], [1], ForwardMode.DECODE) for m, mem, s in zip((model, fused), mems, seqs)]
         assert rel_err(outs[1], outs[0]) < 1e-12
+
+
+def test_a_recorded_forward_of_a_trainable_model_takes_the_differentiable_ops(tiny64):
+    """The Triton kernels have no backward: a forward that autograd records through trainable weights must run the
+    reference ops (forced for the whole forward), and a serving forward (no grad, or frozen weights) must not."""
+    import kestrel.ops as ops
+
+    seen = []
+    hook = tiny64.model.register_forward_hook(lambda *_: seen.append(ops._FORCE_REFERENCE))
+    fb = lambda: ForwardBatch.full_sequences([[5, 6, 7, 8]], device="cpu")  # noqa: E731
+    try:
+        logits = tiny64(fb()).logits
+        assert seen == [True] and logits.requires_grad
+        logits.float().sum().backward()
+        assert all(p.grad is not None for p in tiny64.model.layers[1].parameters())
+        with torch.no_grad():
+            tiny64(fb())
+        with torch.inference_mode():
+            tiny64(fb())
+        frozen = [p for p in tiny64.parameters() if p.requires_grad]
+        for p in frozen:
+            p.requires_grad_(False)
+        tiny64(fb())
+        for p in frozen:
+            p.requires_grad_(True)
+        assert seen == [True, False, False, False] and not ops._FORCE_REFERENCE
+    finally:
+        hook.remove()
+        tiny64.zero_grad(set_to_none=True)
