@@ -46,6 +46,18 @@ def graph_time(fn, iters: int = 50, reps: int = 5) -> float:
     return cuda_time(g.replay, warmup=2, iters=reps) / iters
 
 
+def replay_ms(graph: "torch.cuda.CUDAGraph", replays: int = 200) -> float:
+    """Device ms per replay of an already-captured graph, replayed back to back (the device's share of a step)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / replays
+
+
 def copy_bandwidth(gib: float = 2.0) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
     n = int(gib * (1 << 30)) // 4

@@ -10,13 +10,17 @@ the timed run before it is the figure to quote.
 import argparse
 import cProfile
 import io
+import os
 import pstats
+import sys
 import time
 
 import torch
 
-from kestrel.config import ServerArgs
-from kestrel.engine.core import EngineCore
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import replay_ms  # noqa: E402
+from kestrel.config import ServerArgs  # noqa: E402
+from kestrel.engine.core import EngineCore  # noqa: E402
 
 
 def run(core: EngineCore, prompts, new: int) -> tuple[float, int, float]:
@@ -99,20 +103,12 @@ def kernel_table(core: EngineCore, prompts, args) -> None:
 
 def graph_time(core: EngineCore, mode: str, replays: int = 200) -> None:
     """The device time of one batch-1 step alone: its CUDA graph replayed back to back (the decode graph; for DSpark
-    the whole greedy step's graph), timed with events. The step's wall time less this is what the host adds. Run
-    last: the replays rewrite the last request's (freed) state slot."""
+    the whole greedy step's graph). The step's wall time less this is what the host adds. Run last: the replays
+    rewrite the last request's (freed) state slot."""
     runner = core.runner
     graphs = runner.spec.step_graphs.graphs if mode == "dspark" else runner.graphs.graphs
-    g = graphs[min(graphs)]
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    g.replay()
-    start.record()
-    for _ in range(replays):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    print(f"   graph alone: {start.elapsed_time(end) / replays:.3f} ms of device time a step (batch {min(graphs)}, "
-          f"{replays} replays back to back)")
+    print(f"   graph alone: {replay_ms(graphs[min(graphs)], replays):.3f} ms of device time a step (batch "
+          f"{min(graphs)}, {replays} replays back to back)")
 
 
 if __name__ == "__main__":

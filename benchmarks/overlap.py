@@ -8,14 +8,18 @@ The same engine serves both modes: its scheduler's forward thread is switched on
 """
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 
-from kestrel.config import ServerArgs
-from kestrel.engine.core import EngineCore
-from kestrel.engine.model_runner import ForwardThread
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import replay_ms  # noqa: E402
+from kestrel.config import ServerArgs  # noqa: E402
+from kestrel.engine.core import EngineCore  # noqa: E402
+from kestrel.engine.model_runner import ForwardThread  # noqa: E402
 
 
 def decode_rate(core: EngineCore, prompts, new: int) -> float:
@@ -29,21 +33,6 @@ def decode_rate(core: EngineCore, prompts, new: int) -> float:
         tokens += len(req.output_ids) - 1
         seconds += req.finished_at - req.first_token_at
     return tokens / seconds
-
-
-def graph_ms(core: EngineCore, replays: int = 200) -> float | None:
-    graphs = core.runner.graphs
-    if graphs is None:
-        return None
-    g = graphs.graphs[min(graphs.graphs)]
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    g.replay()
-    start.record()
-    for _ in range(replays):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / replays
 
 
 def main() -> None:
@@ -68,7 +57,7 @@ def main() -> None:
         for mode in rates:
             sched.forward = thread if mode == "overlap" else None
             rates[mode].append(decode_rate(core, prompts, args.new_tokens))
-    g = graph_ms(core)
+    g = replay_ms(core.runner.graphs.graphs[1]) if core.runner.graphs is not None else None
     thread.shutdown()
     sched.forward = None
     med = {k: statistics.median(v) for k, v in rates.items()}
