@@ -104,12 +104,13 @@ def main() -> None:
     ap.add_argument("--sections", default="1,2,3,4", help="which of the four parts to run")
     ap.add_argument("--rounds", type=int, default=1, help="section 3: rounds of every side, turn about (medians)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads on a CPU (both sides)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--disable-pdl", action="store_true", help="the engine's --disable-pdl (GPU)")
     ap.add_argument("--out", default=None, help="JSON results (none written without it); the plot lands beside it")
     args = ap.parse_args()
     if args.device == "cpu":
-        torch.set_num_threads(1)
+        torch.set_num_threads(args.threads)
     report = {"args": vars(args)}
     base = make(args)
     tok = base.tokenizer
