@@ -30,6 +30,13 @@ class SamplingState:
         p = self.params
         return p.frequency_penalty != 0 or p.presence_penalty != 0 or p.repetition_penalty != 1
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing adjusting this step's logits (no penalty, no stop token held back): the token is the
+        plain argmax, which a batch computes in one op (and a speculative step on the device)."""
+        p = self.params
+        return p.greedy and not self.needs_counts and not (self.step < p.min_new_tokens and self.stop_ids)
+
     def advance(self, token: int | None) -> None:
         """One token out: the step moves on (and, with penalties, the token is counted: it must be known)."""
         self.step += 1
@@ -116,10 +123,9 @@ def sample(logits: torch.Tensor, states: list[SamplingState], want_logprobs: boo
     # plain greedy rows (no penalty, nothing held back) take one batched argmax
     tokens = logits.argmax(-1)
     for i, st in enumerate(states):
-        p = st.params
-        if p.greedy and not st.needs_counts and not (st.step < p.min_new_tokens and st.stop_ids):
+        if st.plain_greedy:
             continue
-        if p.greedy:
+        if st.params.greedy:
             tokens[i] = adjusted_logits(logits[i], st).argmax()
         else:
             tokens[i] = _draw(distribution(logits[i], st), st)

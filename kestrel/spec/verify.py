@@ -34,9 +34,7 @@ def accept(logits: torch.Tensor, drafts: list[int], st: SamplingState, argmax: l
     for j in range(len(drafts) + 1):
         d = drafts[j] if j < len(drafts) else None
         if st.params.greedy:
-            held = st.step < st.params.min_new_tokens and st.stop_ids
-            plain = argmax is not None and not st.needs_counts and not held
-            t = argmax[j] if plain else int(adjusted_logits(logits[j], st).argmax())
+            t = argmax[j] if argmax is not None and st.plain_greedy else int(adjusted_logits(logits[j], st).argmax())
         else:
             p = distribution(logits[j], st)
             if d is not None and uniform(st) < float(p[d]):

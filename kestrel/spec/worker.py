@@ -254,11 +254,10 @@ class SpecWorker:
     # ---- the greedy step on the device
     def greedy_on_device(self, b: Batch, prune: bool) -> bool:
         """Whether acceptance can run on the device: every request plain greedy (no penalties, no held-back stop
-        tokens), no logprobs, no pruning plan, ReplaySSM."""
+        tokens; once a step is past min_new_tokens so is every later one), no logprobs, no pruning plan, ReplaySSM."""
         if prune or self.rollback != "replay" or b.want_logprobs or b.top_logprobs_num:
             return False
-        return all(st.params.greedy and not st.needs_counts and (not st.stop_ids or st.step >= st.params.min_new_tokens)
-                   for st in b.sampling_states)
+        return all(st.plain_greedy for st in b.sampling_states)
 
     def greedy_step(self, feats: torch.Tensor, ints: torch.Tensor, table: torch.Tensor, L: int | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
