@@ -116,9 +116,9 @@ def ladder(cfg, model, args, log, floor_s):
             t.copy_(s)
         return fn().logits.float().clone()
 
-    gemv, default_pdl = linear_ops.GEMV_MAX_M, ops.PDL
+    gemv, small_gemv, default_pdl = linear_ops.GEMV_MAX_M, linear_ops.SMALL_GEMV_MAX_M, ops.PDL
     pdl = not args.skip_pdl  # the last stages (the engine's default; --disable-pdl turns it off)
-    linear_ops.GEMV_MAX_M = 0  # the stages before the GEMV one: every linear layer on cuBLAS
+    linear_ops.GEMV_MAX_M = linear_ops.SMALL_GEMV_MAX_M = 0  # the stages before the GEMV one: all on cuBLAS
     linear_ops.FUSE_PROLOGUES = False  # before the last: activations and norms as their own kernels
     linear_ops.FUSE_PAIRS = False  # the MoE tail's two projections as two GEMVs
     ops.PDL = False  # and before the PDL ones: plain launches
@@ -141,7 +141,7 @@ def ladder(cfg, model, args, log, floor_s):
     runner = captured()
     stage("CUDA graph, + fused projection GEMMs", lambda: runner.run(fb), 50)
     del runner
-    linear_ops.GEMV_MAX_M = gemv
+    linear_ops.GEMV_MAX_M, linear_ops.SMALL_GEMV_MAX_M = gemv, small_gemv
     runner = captured()
     stage("CUDA graph, + Triton GEMV for one-row linears", lambda: runner.run(fb), 50)
     plain = from_snapshot(lambda: runner.run(fb))

@@ -21,6 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import replay_ms  # noqa: E402
 from kestrel.config import ServerArgs  # noqa: E402
 from kestrel.engine.core import EngineCore  # noqa: E402
+from kestrel.ops import dspark as dspark_ops  # noqa: E402
+from kestrel.ops import linear as linear_ops  # noqa: E402
 
 
 def run(core: EngineCore, prompts, new: int) -> tuple[float, int, float]:
@@ -45,15 +47,24 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--modes", default="plain,dspark")
+    ap.add_argument("--modes", default="plain,dspark",
+                    help="comma-separated: plain, dspark, and dspark-unfused (the drafter's corrections as module "
+                         "ops and small linears of more than one row on cuBLAS, as before those kernels)")
+    ap.add_argument("--disable-pdl", action="store_true",
+                    help="plain launches: the kernel table's times are then each kernel's own (under PDL a kernel's "
+                         "time includes its wait for the one before)")
     args = ap.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
+    small_rows, kernel_rows = linear_ops.SMALL_GEMV_MAX_M, dspark_ops.KERNEL_MAX_ROWS
     for mode in args.modes.split(","):
-        kw = {"speculative_algorithm": "dspark"} if mode == "dspark" else {}
+        unfused = mode == "dspark-unfused"
+        linear_ops.SMALL_GEMV_MAX_M = linear_ops.GEMV_MAX_M if unfused else small_rows
+        dspark_ops.KERNEL_MAX_ROWS = 0 if unfused else kernel_rows
+        kw = {"speculative_algorithm": "dspark"} if mode.startswith("dspark") else {}
         core = EngineCore(ServerArgs(dtype=args.dtype, device=args.device, disable_overlap_schedule=True,
-                                     max_running_requests=1, **kw))
+                                     max_running_requests=1, disable_pdl=args.disable_pdl, **kw))
         vocab = core.model.cfg.vocab_size
         prompts = [torch.randint(3, vocab, (32,), generator=gen).tolist() for _ in range(args.prompts)]
         run(core, prompts[:1], 16)  # warm-up (first-use compiles and captures)
@@ -106,9 +117,16 @@ def graph_time(core: EngineCore, mode: str, replays: int = 200) -> None:
     the whole greedy step's graph). The step's wall time less this is what the host adds. Run last: the replays
     rewrite the last request's (freed) state slot."""
     runner = core.runner
-    graphs = runner.spec.step_graphs.graphs if mode == "dspark" else runner.graphs.graphs
+    graphs = runner.spec.step_graphs.graphs if mode.startswith("dspark") else runner.graphs.graphs
     print(f"   graph alone: {replay_ms(graphs[min(graphs)], replays):.3f} ms of device time a step (batch "
           f"{min(graphs)}, {replays} replays back to back)")
+    if mode.startswith("dspark"):  # the phases, from the host-acceptance path's graphs of the same bucket
+        spec, b = runner.spec, min(graphs)
+        key = (b, spec.gamma + 1)
+        phases = {"draft": spec.draft_graphs.graphs.get((b, False)), "verify": spec.graphs.graphs.get(key),
+                  "fold": spec.graphs.fold_graphs.get(key)}
+        print("   phases alone (ms): " + ", ".join(f"{name} {replay_ms(g, replays):.3f}"
+                                                    for name, g in phases.items() if g is not None))
 
 
 if __name__ == "__main__":

@@ -26,8 +26,13 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from kestrel.ops import norm as norm_ops
-from kestrel.ops.norm import reference as norm_ref
+from kestrel.ops import dspark as dspark_ops
+from kestrel.ops import linear as linear_ops
+from kestrel.ops.dspark.reference import rms
+from kestrel.ops.linear import Prologue
+from kestrel.ops.moe import Activation
+
+SILU = Activation("silu")
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -85,19 +90,6 @@ class DraftOutput:
     confidence: torch.Tensor | None  # [B, gamma] fp32 in (0, 1): P(target accepts token i | it accepted tokens < i)
 
 
-def rms(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
-    """RMSNorm in fp32, cast back to x's dtype."""
-    if x.is_cuda and not torch.is_grad_enabled():
-        # drafting on a GPU: one kernel, not the formula's eight launches (about 30 norms a draft; the same
-        # roundings, its sum ordered otherwise); training keeps the differentiable formula
-        return norm_ops.rms_norm(x, weight, eps)
-    if x.dtype == torch.float32 and norm_ref.fused_ok(x, weight):
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    xf = x.float()
-    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return y if weight is None else y * weight
-
-
 class SlotBlock(nn.Module):
     """Pre-norm transformer block (causal self-attention + SwiGLU) over the [context, slots] sequence."""
 
@@ -114,11 +106,33 @@ class SlotBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         N, S, D = x.shape
+        if not torch.is_grad_enabled():
+            return self._draft_forward(x)
         q, k, v = self.qkv(rms(x, self.eps, self.attn_norm)).view(N, S, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [N, H, S, hd]
         x = x + self.o_proj(o.transpose(1, 2).reshape(N, S, D))
         gate, up = self.gate_up(rms(x, self.eps, self.mlp_norm)).chunk(2, -1)
         return x + self.down(F.silu(gate) * up)
+
+    def _draft_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """forward without autograd, through kestrel's linear ops: the same values on the CPU (F.linear, then the
+        residual added); on a GPU, a small block's rows take the GEMV with its norms and activation as prologues
+        and its residual adds as epilogues (four launches a block's projections, under PDL)."""
+        N, S, D = x.shape
+        eps = self.eps
+        x = x.reshape(N * S, D)
+        h = x
+        qkv = linear_ops.linear_with(Prologue("rms", h, lambda: rms(h, eps, self.attn_norm), weight=self.attn_norm,
+                                              eps=eps), self.qkv.weight)
+        q, k, v = qkv.view(N, S, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [N, H, S, hd]
+        x = linear_ops.linear(o.transpose(1, 2).reshape(N * S, D), self.o_proj.weight, add=x)
+        h = x
+        gate, up = linear_ops.linear_with(Prologue("rms", h, lambda: rms(h, eps, self.mlp_norm),
+                                                   weight=self.mlp_norm, eps=eps), self.gate_up.weight).chunk(2, -1)
+        x = linear_ops.linear_with(Prologue("act", gate, lambda: F.silu(gate) * up, other=up, act=SILU),
+                                   self.down.weight, add=x)
+        return x.view(N, S, D)
 
 
 def default_feature_layers(num_target_layers: int, count: int = 4) -> tuple[int, ...]:
@@ -293,6 +307,8 @@ class DSparkDrafter(nn.Module):
         self._check(features, last_token, gamma)
         if temperature < 0:
             raise ValueError(f"temperature = {temperature} must be >= 0")
+        if temperature == 0 and not want_probs and not want_confidence:
+            return DraftOutput(self._greedy_tokens(features, last_token, gamma), None, None)
         ctx, slots = self.block(features, last_token, gamma)
         state, token = ctx, last_token
         tokens, probs, states, peaks = [], [], [], []
@@ -312,6 +328,26 @@ class DSparkDrafter(nn.Module):
         # the confidence head once over every position (on a GPU, a few launches instead of a few per position)
         conf = torch.sigmoid(self.confidence_from(torch.stack(states, 1), torch.stack(peaks, 1))) if states else None
         return DraftOutput(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None, conf)
+
+    def _greedy_tokens(self, features: torch.Tensor, last_token: torch.Tensor, gamma: int) -> torch.Tensor:
+        """propose's greedy drafts [B, gamma] (the serving loop's case: no distributions, no confidence) through
+        the correction ops: on a GPU four kernels a position (the correction's input and up projection; its down
+        projection adding the slot; the output norm and projection; the vocabulary projection's argmax as partial
+        keys, which the next position's first kernel reduces), where the module calls launch about fourteen. On
+        the CPU the same values as the loop in propose (the reference ops are its formulas)."""
+        eps = self.cfg.rms_norm_eps
+        ctx, slots = self.block(features, last_token, gamma)
+        slots = slots.transpose(0, 1).contiguous()  # [gamma, B, D]: each position's rows contiguous
+        state, prev, keys = ctx, last_token, []
+        for i in range(gamma):
+            a = dspark_ops.correct_up(slots[i], state, prev, self.embed_tokens.weight, self.corr_up.weight, eps)
+            state = linear_ops.linear(a, self.corr_down.weight, add=slots[i])
+            s = state
+            norm = Prologue("rms", s, lambda: rms(s, eps, self.out_norm), weight=self.out_norm, eps=eps)
+            h = norm.apply() if self.out_proj is None else linear_ops.linear_with(norm, self.out_proj.weight)
+            prev = dspark_ops.head_keys(h, self.lm_head.weight)
+            keys.append(prev)
+        return dspark_ops.decode(torch.stack(keys, 1))  # [B, gamma]
 
     # ---- checkpoints
     def save(self, path: str | Path, dtype: torch.dtype | None = torch.bfloat16) -> None:

@@ -25,6 +25,7 @@ from torch.profiler import record_function
 from kestrel.engine.batch import Batch, BatchResult
 from kestrel.engine.sampler import token_logprobs
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode
+from kestrel.ops import dspark as dspark_ops
 from kestrel.ops import kda as kda_ops
 from kestrel.spec.drafter import DSparkDrafter
 from kestrel.spec.planner import PlanGuard, StepProfile, VerifyPlanner
@@ -279,20 +280,13 @@ class SpecWorker:
         ids = torch.cat([x0.view(B, 1), draft.tokens[:, : L - 1]], 1).view(-1)
         fb = self._device_batch(ids, prefix, n, table, slots, L)
         out = r.model(fb)
-        top = out.logits.argmax(-1).view(B, L)
-        steps = torch.arange(L - 1, device=keep.device).view(1, L - 1)
-        match = (draft.tokens[:, : L - 1] == top[:, : L - 1]) & (steps < keep.view(B, 1))
-        acc = match.long().cumprod(1).sum(1)
-        commit = torch.where(n > 0, acc + 1, 0).to(torch.int32)
-        taken = (snap_n > 0) & (snap_n <= commit)
-        snaps = (torch.where(taken, snap_n, 0).to(torch.int32), snap_slot)
+        packed, commit, snap_steps, rows = dspark_ops.accept_greedy(out.logits, draft.tokens, keep, n, snap_n)
         for layer, rec in fb.replay.items():
-            kda_ops.fold(rec, r.mem.conv_state(layer), r.mem.ssm_state(layer), slots, commit, snaps)
-        rows = torch.arange(B, device=keep.device) * L + (commit.long() - 1).clamp_min(0)
+            kda_ops.fold(rec, r.mem.conv_state(layer), r.mem.ssm_state(layer), slots, commit, (snap_steps, snap_slot))
         nxt = self.drafter.gather_features({l: out.captured[l][rows] for l in self.layers})
         self.window_bytes = sum(rec.nbytes() for rec in fb.replay.values())  # from shapes: no synchronisation
         self._window_row = self.window_bytes // max(B, 1)
-        return torch.cat([draft.tokens, top.gather(1, acc.view(B, 1)), acc.view(B, 1)], 1), nxt
+        return packed, nxt
 
     def _run_greedy(self, b: Batch, keep: list[int]) -> tuple[BatchResult, list[int]]:
         """The step of `greedy_step`, replayed as one CUDA graph where one serves the batch; one device-to-host copy.

@@ -245,6 +245,12 @@ def test_head_gemv(dtype, T):
     assert rel(K.head_gemv(q, w_uk.transpose(1, 2)), R.head_gemv(q, w_uk.transpose(1, 2))) < TOL[dtype]
     lat = rnd(T, H, Rk, dtype=dtype)
     assert rel(K.head_gemv(lat, w_uv), R.head_gemv(lat, w_uv)) < TOL[dtype]
+    # a small weight gives each row its own programs: the same values, each row as a one-row call computes it
+    small = w_uv[:2, :8]
+    y = K.head_gemv(lat[:, :2], small)
+    assert rel(y, R.head_gemv(lat[:, :2], small)) < TOL[dtype]
+    for t in range(T):
+        assert torch.equal(y[t], K.head_gemv(lat[t : t + 1, :2], small)[0])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -374,7 +380,7 @@ def test_linear_stacked(dtype, M):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("M", [1, 3])
+@pytest.mark.parametrize("M", [1, 3, 8])
 @pytest.mark.parametrize("kind", ["situ", "silu", "rms", "gated_rms", "gate"])
 def test_linear_prologue(dtype, M, kind):
     """The GEMV building its input (activation, RMSNorm, KDA's per-head gated norm, MLA's output gate) from
@@ -413,7 +419,7 @@ def test_linear_prologue(dtype, M, kind):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("M", [1, 3])
+@pytest.mark.parametrize("M", [1, 3, 8])
 @pytest.mark.parametrize("kb", ["same", "wider"])
 def test_linear_pair(dtype, M, kb):
     """Two GEMVs summed into one output (the latent MoE's up projection with its RMSNorm prologue, the shared
@@ -447,8 +453,80 @@ def test_linear_pair(dtype, M, kb):
     assert rel(L.linear_pair(pro_a, wa, pro_b, wb), two) < TOL[dtype]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the dispatcher serves CUDA tensors only")
+def test_linear_dispatch_rows_by_weight_size():
+    """The dispatcher: one row on the GEMV for any weight; up to eight rows for a small (launch-bound) weight; a
+    large weight's eight rows on cuBLAS."""
+    from kestrel.ops import linear as L
+    from kestrel.ops.linear import reference as R, triton as K
+    x = rnd(8, 256, dtype=torch.bfloat16)
+    small, large = rnd(1024, 256, dtype=torch.bfloat16), rnd(8192, 256, dtype=torch.bfloat16)
+    assert small.numel() <= L.SMALL_WEIGHT < large.numel()
+    assert torch.equal(L.linear(x, small), K.linear(x, small))
+    assert torch.equal(L.linear(x, large), R.linear(x, large))
+    assert torch.equal(L.linear(x[:1], large), K.linear(x[:1], large))
+    x9 = rnd(9, 256, dtype=torch.bfloat16)
+    assert torch.equal(L.linear(x9, small), R.linear(x9, small))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("M", [1, 3, 4])
+@pytest.mark.parametrize("chunk", [4096, 128])
+def test_dspark_accept_greedy(dtype, chunk, monkeypatch):
+    """Greedy acceptance on the device (argmax of every verified position, the longest matching prefix capped by
+    the drafts each block may keep, commit, due snapshots, the next features' rows) in one kernel, against the
+    reference: equal, with ties in the logits (across the kernel's vocabulary chunks too) and drafts spoiled at
+    chosen positions."""
+    from kestrel.ops.dspark import reference as R, triton as K
+    monkeypatch.setattr(K, "ACCEPT_BV", chunk)
+    B, G, V = 6, 7, (300 if SMALL else 4096)
+    for L in (G + 1, 4):
+        logits = rnd(B * L, V, dtype=dtype)
+        logits[3, 10] = logits[3, 200] = logits[3].max() + 1  # a tie: the lower id is the argmax
+        top = logits.float().argmax(-1).view(B, L)
+        drafts = torch.randint(0, V, (B, G), device=DEV)
+        drafts[:, : L - 1] = top[:, : L - 1]
+        spoil = torch.tensor([0, 2, L - 2, 1, L, 5], device=DEV)  # >= L - 1: every draft matches
+        for b, j in enumerate(spoil.tolist()):
+            if j < L - 1:
+                drafts[b, j] = (drafts[b, j] + 1) % V
+        keep = torch.tensor([G, G, G, 0, 3, G], device=DEV)
+        n = torch.tensor([G + 1, G + 1, 4, 1, 0, G + 1], device=DEV)
+        snap_n = torch.tensor([1, 0, 3, 1, 2, L], device=DEV)
+        got, ref = K.accept_greedy(logits, drafts, keep, n, snap_n), R.accept_greedy(logits, drafts, keep, n, snap_n)
+        for a, b in zip(got, ref):
+            assert a.dtype == b.dtype and torch.equal(a, b), (L, a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dspark_correction(dtype):
+    """The drafter's correction up projection (three weightless RMSNorms, the previous token's embedding, silu)
+    and the vocabulary argmax as partial keys, against the reference; the previous tokens given as ids or as the
+    keys, ties to the lower id."""
+    from kestrel.ops.dspark import reference as R, triton as K
+    B, D, T, C, V = (3, 24, 32, 48, 100) if SMALL else (5, 192, 256, 384, 4096)
+    slot, state = rnd(B, D, dtype=dtype), rnd(B, D, dtype=dtype)
+    emb, w = rnd(V, T, dtype=dtype), rnd(C, 2 * D + T, dtype=dtype, scale=(2 * D + T) ** -0.5)
+    ids = torch.randint(0, V, (B,), device=DEV)
+    assert rel(K.correct_up(slot, state, ids, emb, w, 1e-5), R.correct_up(slot, state, ids, emb, w, 1e-5)) < TOL[dtype]
+    # ties: rows 7 and 40 of the vocabulary equal and the best for every h; the lower id wins, as torch.argmax picks
+    emb[40] = emb[7] = 0
+    h = rnd(B, T, dtype=dtype)
+    emb[7] = emb[40] = (h[0] * 50).to(dtype)
+    keys = K.head_keys(h, emb)
+    assert keys.shape[0] == B and keys.dtype == torch.int64
+    assert torch.equal(R.decode(keys)[:1], torch.tensor([7], device=DEV))
+    logits = torch.nn.functional.linear(h.float(), emb.float())
+    got = R.decode(keys)
+    # each pick is the best logit up to the output's rounding
+    best = logits.max(-1).values
+    assert bool((logits.gather(-1, got[:, None])[:, 0] >= best - best.abs() * 2 * TOL[dtype]).all())
+    assert torch.equal(R.decode(keys), R.decode(R.head_keys(h, emb))) or dtype == torch.bfloat16
+    # the next position's kernel reads the keys: the same as reading their ids
+    assert torch.equal(K.correct_up(slot, state, keys, emb, w, 1e-5), K.correct_up(slot, state, got, emb, w, 1e-5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 3, 8])
 @pytest.mark.parametrize("whole_tile", [True, False])
 def test_linear_gemv(dtype, M, whole_tile, monkeypatch):
     from kestrel.ops.linear import triton as K
@@ -457,6 +535,13 @@ def test_linear_gemv(dtype, M, whole_tile, monkeypatch):
     N, Kd = (40, 96) if SMALL else (3000, 2048)
     x, w = rnd(M, Kd, dtype=dtype), rnd(N, Kd, dtype=dtype, scale=Kd**-0.5)
     assert rel(K.linear(x, w), torch.nn.functional.linear(x.float(), w.float())) < TOL[dtype]
+    # batch invariance: each row as a one-row launch computes it, whether the rows share programs or (a small
+    # weight) each has its own
+    small = w[: max(8, 1024 // Kd)].contiguous()
+    for weight in (w, small):
+        y = K.linear(x, weight)
+        for m in range(M):
+            assert torch.equal(y[m], K.linear(x[m : m + 1], weight)[0])
     # the residual epilogue rounds as the separate add would: bit-equal to GEMV-then-add
     r = rnd(M, N, dtype=dtype)
     y, ya = K.linear(x, w), K.linear(x, w, r)

@@ -68,6 +68,26 @@ def test_confidence_once_over_positions_equals_per_position():
     assert d.propose(f, last, 5, want_probs=False, want_confidence=False).confidence is None
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_greedy_drafts_through_the_ops_equal_the_loop(dtype):
+    """The serving loop's greedy drafts (no distributions, no confidence) go through the correction ops and the
+    block through kestrel's linear ops: on the CPU the same tokens, and the same block outputs bit for bit, as the
+    module formulas of the training forward."""
+    d = small_drafter(dtype=dtype)
+    f, last = inputs(d, B=16)
+    f = f.to(dtype)
+    fast = d.propose(f, last, 6, want_probs=False, want_confidence=False)
+    loop = d.propose(f, last, 6, want_probs=True, want_confidence=False)
+    assert fast.probs is None and fast.confidence is None
+    assert torch.equal(fast.tokens, loop.tokens)
+    with torch.no_grad():
+        ops_block = d.block(f, last, 6)
+    with torch.enable_grad():
+        module_block = d.block(f, last, 6)
+    for a, b in zip(ops_block, module_block):
+        assert torch.equal(a, b.detach())
+
+
 def test_block_is_causal_and_correction_reads_previous_tokens():
     d = small_drafter()
     f, last = inputs(d)
@@ -123,6 +143,9 @@ def test_cuda_matches_cpu():
     out = d.to("cuda").propose(f.cuda(), last.cuda(), 4)
     assert out.tokens.device.type == "cuda"
     assert torch.allclose(out.probs.cpu(), ref.probs, atol=1e-4)
+    # the greedy drafts of the serving loop: the block's rows on the GEMV, the corrections as kernels
+    fast = d.propose(f.cuda(), last.cuda(), 4, want_probs=False, want_confidence=False)
+    assert torch.equal(fast.tokens.cpu(), ref.tokens)
 
 
 def test_save_load_round_trip(tmp_path):

@@ -1,6 +1,6 @@
-"""Linear y = x W^T, dispatched by device and shape: decode-sized batches (<= GEMV_MAX_M rows) on CUDA take the
-Triton GEMV, which streams each weight row once with the rows of x held in registers; everything else (and every
-CPU call) is F.linear."""
+"""Linear y = x W^T, dispatched by device and shape: on CUDA, decode-sized batches take the Triton GEMV, which
+streams each weight row once with the rows of x held in registers (one row for any weight, up to eight for a small
+one: see gemv_rows); everything else (and every CPU call) is F.linear."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,6 +14,16 @@ from kestrel.ops.linear import reference
 # measured on the H200 with weights streamed from HBM (docs/kernels.md): at one row the GEMV beats cuBLAS by
 # 1.1-1.4x; at eight rows cuBLAS (tensor cores) is 2-4x faster
 GEMV_MAX_M = 1
+# ... but a small weight (L2-resident, a few us of work) is launch-bound either way: there the GEMV also serves up to
+# SMALL_GEMV_MAX_M rows (a speculative verify block, the drafter's block), because it launches under programmatic
+# dependent launch and takes the prologues and pairs, where cuBLAS costs a plain launch and the ops around it theirs
+SMALL_GEMV_MAX_M = 8
+SMALL_WEIGHT = 1 << 20  # elements (k3-small's largest, its 4096 x 256 lm_head)
+
+
+def gemv_rows(weight: torch.Tensor) -> int:
+    """The most input rows the GEMV serves for this weight."""
+    return SMALL_GEMV_MAX_M if weight.numel() <= SMALL_WEIGHT else GEMV_MAX_M
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = None,
@@ -28,7 +38,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = Non
         return y if add is None else y + add
     rows = x.numel() // max(1, x.shape[-1])
     out_dtype = torch.promote_types(x.dtype, weight.dtype)
-    if (rows > GEMV_MAX_M or torch.float64 in (x.dtype, weight.dtype) or not weight.is_contiguous()
+    if (rows > gemv_rows(weight) or torch.float64 in (x.dtype, weight.dtype) or not weight.is_contiguous()
             or (add is not None and add.dtype != out_dtype)):
         return reference.linear(x, weight, add)
     fn = kernel(__name__ + ".triton", "linear", x)
@@ -64,7 +74,7 @@ FUSE_PROLOGUES = True
 def _gemv_input(pro: Prologue, weight: torch.Tensor) -> bool:
     """Whether a prologue's input is one the one-row GEMV reads (2-D, one row, the weight's dtype, unit stride)."""
     x = pro.x
-    return (x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_M and x.dtype == weight.dtype != torch.float64
+    return (x.dim() == 2 and 0 < x.shape[0] <= gemv_rows(weight) and x.dtype == weight.dtype != torch.float64
             and weight.is_contiguous() and x.stride(-1) == 1 and (pro.other is None or pro.other.stride(-1) == 1))
 
 
@@ -102,7 +112,7 @@ def linear_stacked(x: torch.Tensor, weight: torch.Tensor, groups: int) -> list[t
     [j K, (j + 1) K) of x [M, groups * K] (rows may be strided): the list of the layers' outputs [M, N], from one
     launch where the one-row GEMV serves the call."""
     N, K = weight.shape[0] // groups, weight.shape[1]
-    if (x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_M and x.dtype == weight.dtype != torch.float64
+    if (x.dim() == 2 and 0 < x.shape[0] <= gemv_rows(weight[:N]) and x.dtype == weight.dtype != torch.float64
             and weight.is_contiguous() and x.stride(-1) == 1 and N % 8 == 0):
         fn = kernel(__name__ + ".triton", "linear", x)
         if fn is not None:

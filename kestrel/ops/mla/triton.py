@@ -231,7 +231,7 @@ def store_latent(kv_a, weight, eps: float, rank: int, kv_buffer, loc):
 
 @triton.jit
 def _head_gemv_kernel(x_ptr, w_ptr, y_ptr, T, N, K, sxt, sxh, swh, swn, swk, syt, syh, BN: tl.constexpr,
-                      KP: tl.constexpr, PDL: tl.constexpr):
+                      KP: tl.constexpr, PDL: tl.constexpr, ROW_GRID: tl.constexpr):
     """y[t, h, n-block] = w[h, n-block, :] . x[t, h, :] for every row t: the [BN, K] weight tile is loaded whole
     before the wait (the weights do not depend on the previous kernel), then each row's x after it."""
     h = tl.program_id(0).to(tl.int64)
@@ -244,6 +244,9 @@ def _head_gemv_kernel(x_ptr, w_ptr, y_ptr, T, N, K, sxt, sxh, swh, swn, swk, syt
     if PDL:
         gdc_wait()
     t = 0
+    if ROW_GRID:  # one row per program (grid axis 2)
+        t = tl.program_id(2)
+        T = t + 1
     while t < T:  # (a while loop: the interpreter cannot bound a range by an argument that was specialised to 1)
         x = tl.load(x_ptr + t * sxt + h * sxh + rk, mask=rk < K, other=0.0).to(tl.float32)
         y = tl.sum(w * x[None, :], 1)
@@ -266,8 +269,12 @@ def head_gemv(x, w):
     y = torch.empty(T, H, N, dtype=x.dtype, device=x.device)
     KP = triton.next_power_of_2(K)
     BN = max(1, min(triton.next_power_of_2(N), 8192 // KP))
+    # a small weight (L2-resident) gives each row its own programs, as the linear GEMV does (kestrel.ops.linear)
+    from kestrel.ops.linear import SMALL_WEIGHT
+
+    row_grid = T > 1 and w.numel() <= SMALL_WEIGHT
     if T:
-        _head_gemv_kernel[(H, triton.cdiv(N, BN))](x, w, y, T, N, K, x.stride(0), x.stride(1), w.stride(0),
-                                                   w.stride(1), w.stride(2), y.stride(0), y.stride(1), BN=BN,
-                                                   KP=KP, num_warps=4, **pdl_args(x))
+        _head_gemv_kernel[(H, triton.cdiv(N, BN), T if row_grid else 1)](
+            x, w, y, T, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), y.stride(0),
+            y.stride(1), BN=BN, KP=KP, ROW_GRID=row_grid, num_warps=4, **pdl_args(x))
     return y

@@ -1,0 +1,27 @@
+"""The DSpark drafter's correction ops, dispatched by device (see reference.py)."""
+
+from kestrel.ops import kernel
+from kestrel.ops.dspark import reference
+from kestrel.ops.dspark.reference import decode, pack  # noqa: F401
+
+# the most rows the kernels serve (one program per row and output tile; more rows go to cuBLAS and torch)
+KERNEL_MAX_ROWS = 8
+
+
+def _fast(name: str, x, rows: int):
+    return kernel(__name__ + ".triton", name, x) if rows <= KERNEL_MAX_ROWS else None
+
+
+def correct_up(slot, state, prev, emb, w_up, eps: float):
+    fn = _fast("correct_up", slot, slot.shape[0]) or reference.correct_up
+    return fn(slot, state, prev, emb, w_up, eps)
+
+
+def head_keys(h, w):
+    fn = _fast("head_keys", h, h.shape[0]) or reference.head_keys
+    return fn(h, w)
+
+
+def accept_greedy(logits, drafts, keep, n, snap_n):
+    fn = kernel(__name__ + ".triton", "accept_greedy", logits) or reference.accept_greedy
+    return fn(logits, drafts, keep, n, snap_n)

@@ -1,0 +1,83 @@
+"""The DSpark drafter's sequential correction as ops (see kestrel.spec.drafter): the correction MLP's input and up
+projection, and the vocabulary projection's argmax as packed keys. Plain torch, bit-equal to the drafter's own
+formulas; kestrel.ops.dspark.triton fuses each into one kernel."""
+
+import torch
+import torch.nn.functional as F
+
+from kestrel.ops import norm as norm_ops
+from kestrel.ops.norm import reference as norm_ref
+
+LOW = 0xFFFFFFFF
+
+
+def rms(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """The drafter's RMSNorm: in fp32, cast back to x's dtype."""
+    if x.is_cuda and not torch.is_grad_enabled():
+        # drafting on a GPU: one kernel, not the formula's eight launches (about 30 norms a draft; the same
+        # roundings, its sum ordered otherwise); training keeps the differentiable formula
+        return norm_ops.rms_norm(x, weight, eps)
+    if x.dtype == torch.float32 and norm_ref.fused_ok(x, weight):
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    xf = x.float()
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return y if weight is None else y * weight
+
+
+def pack(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Argmax keys: int64 whose signed order is (value's float order, then the lower id first), so the max key
+    over a row holds the row's argmax as torch.argmax picks it (the first of equal values). values fp32-castable,
+    ids int64 in [0, 2^32)."""
+    bits = (values.float() + 0.0).view(torch.int32)  # (+ 0.0: -0.0 ranks with +0.0)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # signed-integer order = float order
+    return (ordered.long() << 32) | (LOW - ids)
+
+
+def decode(keys: torch.Tensor) -> torch.Tensor:
+    """[..., P] partial keys (any P >= 1) -> [...] int64 ids of the best."""
+    return LOW - (keys.amax(-1) & LOW)
+
+
+def prev_tokens(prev: torch.Tensor) -> torch.Tensor:
+    """The previous tokens from ids [B] or from partial argmax keys [B, P]."""
+    return decode(prev) if prev.dim() == 2 else prev
+
+
+def correct_up(slot: torch.Tensor, state: torch.Tensor, prev: torch.Tensor, emb: torch.Tensor,
+               w_up: torch.Tensor, eps: float) -> torch.Tensor:
+    """silu(w_up @ [rms(slot), rms(state), rms(emb[prev])]) -> [B, C] (RMSNorms without weights): the correction
+    MLP's hidden layer for slot outputs and previous corrected states [B, D] and previous tokens (ids [B], or the
+    previous position's partial argmax keys [B, P])."""
+    e = emb[prev_tokens(prev)]
+    u = torch.cat([rms(slot, eps), rms(state, eps), rms(e, eps)], -1)
+    return F.silu(F.linear(u, w_up))
+
+
+def head_keys(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The argmax of the logits h @ w^T (rounded to h's dtype, as the lm_head's output is) as partial keys [B, 1]."""
+    logits = F.linear(h, w)
+    ids = logits.argmax(-1, keepdim=True)
+    return pack(logits.gather(-1, ids), ids)
+
+
+def accept_greedy(logits: torch.Tensor, drafts: torch.Tensor, keep: torch.Tensor, n: torch.Tensor,
+                  snap_n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy acceptance of B verified blocks of L tokens on the device: logits [B * L, V] of the blocks
+    [last token, drafts[:, :L-1]], drafts [B, G] (G >= L - 1), keep [B] drafts each block may accept, n [B] real
+    tokens (0: a padding row, which commits nothing), snap_n [B] the committed count at which a prefix-cache snapshot
+    is due (0: none). Accepted = the longest prefix of drafts equal to the target's argmax, capped by keep.
+
+    Returns (packed [B, G + 2] int64: the drafts, the target's token after the accepted ones, the number accepted;
+    commit [B] int32 steps to fold (accepted + 1, 0 for padding); snapshots [B] int32 (snap_n where the commit
+    reaches it, else 0); rows [B] int64, the logits row of each block's last committed position)."""
+    B, G = drafts.shape
+    L = logits.shape[0] // B
+    top = logits.argmax(-1).view(B, L)
+    steps = torch.arange(L - 1, device=keep.device).view(1, L - 1)
+    match = (drafts[:, : L - 1] == top[:, : L - 1]) & (steps < keep.view(B, 1))
+    acc = match.long().cumprod(1).sum(1)
+    commit = torch.where(n > 0, acc + 1, 0).to(torch.int32)
+    taken = (snap_n > 0) & (snap_n <= commit)
+    snaps = torch.where(taken, snap_n, 0).to(torch.int32)
+    rows = torch.arange(B, device=keep.device) * L + (commit.long() - 1).clamp_min(0)
+    return torch.cat([drafts, top.gather(1, acc.view(B, 1)), acc.view(B, 1)], 1), commit, snaps, rows
