@@ -21,6 +21,22 @@ def _low():
 
 
 @triton.jit
+def _tile_then_wait(w_ptr, N, K: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr):
+    """(rows, cols, the [BN, KP] tile of a row-major [N, K] weight at program_id(0)): under PDL the dependents may
+    launch and the tile is loaded before the wait for the previous kernel (parameters: no kernel in flight writes
+    them)."""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    cols = tl.arange(0, KP)
+    if PDL:
+        gdc_launch_dependents()
+    w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], mask=(rows[:, None] < N) & (cols[None, :] < K),
+                other=0.0)
+    if PDL:
+        gdc_wait()
+    return rows, cols, w
+
+
+@triton.jit
 def _rms_piece(ptr, cols, lo, n, eps):
     """Columns [lo, lo + n) of a row, RMS-normalised alone (fp32 math) and rounded to the row's dtype; 0 elsewhere."""
     on = (cols >= lo) & (cols < lo + n)
@@ -34,17 +50,9 @@ def _rms_piece(ptr, cols, lo, n, eps):
 def _correct_up_kernel(slot_ptr, state_ptr, prev_ptr, emb_ptr, w_ptr, y_ptr, C, eps, P,
                        D: tl.constexpr, T: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr, PP: tl.constexpr,
                        KEYS: tl.constexpr, PDL: tl.constexpr):
-    nb = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     K: tl.constexpr = 2 * D + T
-    rows = nb * BN + tl.arange(0, BN)
-    cols = tl.arange(0, KP)
-    if PDL:
-        gdc_launch_dependents()
-    w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], mask=(rows[:, None] < C) & (cols[None, :] < K),
-                other=0.0)
-    if PDL:
-        gdc_wait()
+    rows, cols, w = _tile_then_wait(w_ptr, C, K, KP, BN, PDL)
     if KEYS:  # the previous position's partial argmax keys: the best of them
         rp = tl.arange(0, PP)
         keys = tl.load(prev_ptr + b * P + rp, mask=rp < P, other=MIN_KEY)
@@ -87,14 +95,7 @@ def _head_keys_kernel(h_ptr, w_ptr, keys_ptr, N, NB, K: tl.constexpr, KP: tl.con
                       PDL: tl.constexpr):
     nb = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
-    rows = nb * BN + tl.arange(0, BN)
-    cols = tl.arange(0, KP)
-    if PDL:
-        gdc_launch_dependents()
-    w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], mask=(rows[:, None] < N) & (cols[None, :] < K),
-                other=0.0)
-    if PDL:
-        gdc_wait()
+    rows, cols, w = _tile_then_wait(w_ptr, N, K, KP, BN, PDL)
     h = tl.load(h_ptr + b * K + cols, mask=cols < K, other=0.0)
     logit = tl.sum(w.to(tl.float32) * h.to(tl.float32)[None, :], 1).to(h.dtype).to(tl.float32)  # as the output rounds
     bits = (logit + 0.0).to(tl.int32, bitcast=True)
