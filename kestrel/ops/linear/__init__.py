@@ -72,7 +72,8 @@ FUSE_PROLOGUES = True
 
 
 def _gemv_input(pro: Prologue, weight: torch.Tensor) -> bool:
-    """Whether a prologue's input is one the one-row GEMV reads (2-D, one row, the weight's dtype, unit stride)."""
+    """Whether a prologue's input is one the GEMV reads (2-D, at most gemv_rows rows, the weight's dtype, unit
+    stride)."""
     x = pro.x
     return (x.dim() == 2 and 0 < x.shape[0] <= gemv_rows(weight) and x.dtype == weight.dtype != torch.float64
             and weight.is_contiguous() and x.stride(-1) == 1 and (pro.other is None or pro.other.stride(-1) == 1))
