@@ -21,9 +21,14 @@ SMALL_GEMV_MAX_M = 8
 SMALL_WEIGHT = 1 << 20  # elements (k3-small's largest, its 4096 x 256 lm_head)
 
 
+def small_weight(weight: torch.Tensor) -> bool:
+    """Whether a weight is small (L2-resident): the GEMVs then serve several rows, each row in its own programs."""
+    return weight.numel() <= SMALL_WEIGHT
+
+
 def gemv_rows(weight: torch.Tensor) -> int:
     """The most input rows the GEMV serves for this weight."""
-    return SMALL_GEMV_MAX_M if weight.numel() <= SMALL_WEIGHT else GEMV_MAX_M
+    return SMALL_GEMV_MAX_M if small_weight(weight) else GEMV_MAX_M
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = None,

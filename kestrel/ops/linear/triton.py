@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from kestrel.ops import linear as dispatch
 from kestrel.ops import pdl
 from kestrel.ops.triton_utils import act as _act
 
@@ -179,9 +180,7 @@ def _row_grid(M: int, weight: torch.Tensor) -> bool:
     read M times from L2, in place of one program reducing its tile against the rows one after another (a verify
     block's eight-row GEMVs took ~3.7 us that way on the H200 against ~1 us a one-row one). Each row computes as a
     one-row launch does, so a row's output does not depend on the rows beside it."""
-    from kestrel.ops.linear import SMALL_WEIGHT
-
-    return M > 1 and weight.numel() <= SMALL_WEIGHT
+    return M > 1 and dispatch.small_weight(weight)
 
 
 def fits_prologue(N: int, K: int) -> bool:

@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from kestrel.ops import linear as linear_ops
 from kestrel.ops import pdl_args
 from kestrel.ops.triton_utils import pdl_prologue
 
@@ -269,10 +270,7 @@ def head_gemv(x, w):
     y = torch.empty(T, H, N, dtype=x.dtype, device=x.device)
     KP = triton.next_power_of_2(K)
     BN = max(1, min(triton.next_power_of_2(N), 8192 // KP))
-    # a small weight (L2-resident) gives each row its own programs, as the linear GEMV does (kestrel.ops.linear)
-    from kestrel.ops.linear import SMALL_WEIGHT
-
-    row_grid = T > 1 and w.numel() <= SMALL_WEIGHT
+    row_grid = T > 1 and linear_ops.small_weight(w)  # each row its own programs, as the linear GEMV gives them
     if T:
         _head_gemv_kernel[(H, triton.cdiv(N, BN), T if row_grid else 1)](
             x, w, y, T, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), y.stride(0),
