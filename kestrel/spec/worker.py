@@ -69,6 +69,8 @@ class SpecWorker:
         self.window_bytes = 0  # draft-window memory of the last verify (the rollback method's cost)
         self._window_row = 0
         self.graphs = self.draft_graphs = self.step_graphs = None
+        # `_host_ints`' column values of a padding row: a block that verifies and commits nothing on the scratch slot
+        self.pad_ints = [0, -1, 0, runner.mem.scratch_slot, 0, runner.mem.scratch_slot]
         if runner.device.type == "cuda" and not runner.args.disable_cuda_graph and rollback == "replay":
             from kestrel.engine.cuda_graph import DraftGraphRunner, SpecStepGraphRunner, VerifyGraphRunner
 
@@ -79,7 +81,7 @@ class SpecWorker:
             mem = runner.mem
             self.step_graphs = SpecStepGraphRunner(
                 self.greedy_step, sizes, self.drafter.cfg.feature_size, runner.dtype, runner.max_pages_per_seq(),
-                [0, -1, 0, mem.scratch_slot, 0, mem.scratch_slot], mem.scratch_page, runner.device)
+                self.pad_ints, mem.scratch_page, runner.device)
 
     # ---- features from ordinary forwards
     def keep_features(self, b: Batch, captured: dict[int, torch.Tensor], rows: torch.Tensor) -> None:
@@ -217,10 +219,8 @@ class SpecWorker:
         pad = rows - B if rows else 0
         snaps = [s or (0, mem.scratch_slot) for s in (b.spec_snapshots or [None] * B)]
         ids = b.input_ids if b.reqs else [0] * B
-        ints = torch.tensor([list(ids) + [0] * pad, list(keep) + [-1] * pad, list(b.prefix_lens) + [0] * pad,
-                             list(b.state_slots) + [mem.scratch_slot] * pad,
-                             [s[0] for s in snaps] + [0] * pad, [s[1] for s in snaps] + [mem.scratch_slot] * pad],
-                            dtype=torch.long)
+        cols = (ids, keep, b.prefix_lens, b.state_slots, [s[0] for s in snaps], [s[1] for s in snaps])
+        ints = torch.tensor([list(c) + [p] * pad for c, p in zip(cols, self.pad_ints)], dtype=torch.long)
         width = max(len(row) for row in b.page_table)
         page = mem.scratch_page
         table = torch.tensor([row + [page] * (width - len(row)) for row in b.page_table] + [[page] * width] * pad,
