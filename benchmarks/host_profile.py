@@ -49,7 +49,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--modes", default="plain,dspark",
                     help="comma-separated: plain, dspark, and dspark-unfused (the drafter's corrections as module "
-                         "ops and small linears of more than one row on cuBLAS, as before those kernels)")
+                         "ops and small linears of more than one row on cuBLAS, as before those kernels); a mode "
+                         "ending in +overlap runs with the overlap scheduler (speculative steps chained)")
     ap.add_argument("--disable-pdl", action="store_true",
                     help="plain launches: the kernel table's times are then each kernel's own (under PDL a kernel's "
                          "time includes its wait for the one before)")
@@ -59,11 +60,12 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     small_rows, kernel_rows = linear_ops.SMALL_GEMV_MAX_M, dspark_ops.KERNEL_MAX_ROWS
     for mode in args.modes.split(","):
-        unfused = mode == "dspark-unfused"
+        unfused = mode.startswith("dspark-unfused")
         linear_ops.SMALL_GEMV_MAX_M = linear_ops.GEMV_MAX_M if unfused else small_rows
         dspark_ops.KERNEL_MAX_ROWS = 0 if unfused else kernel_rows
         kw = {"speculative_algorithm": "dspark"} if mode.startswith("dspark") else {}
-        core = EngineCore(ServerArgs(dtype=args.dtype, device=args.device, disable_overlap_schedule=True,
+        core = EngineCore(ServerArgs(dtype=args.dtype, device=args.device,
+                                     disable_overlap_schedule=not mode.endswith("+overlap"),
                                      max_running_requests=1, disable_pdl=args.disable_pdl, **kw))
         vocab = core.model.cfg.vocab_size
         prompts = [torch.randint(3, vocab, (32,), generator=gen).tolist() for _ in range(args.prompts)]

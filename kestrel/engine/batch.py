@@ -5,7 +5,8 @@ into a ForwardBatch on the forward thread. A decode input whose token is not sam
 (`-(index + 1)` into the runner's future-token buffer), resolved on the device right before the forward.
 """
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -29,6 +30,9 @@ class Batch:
     # where each sampled token goes in the future-token buffer, parallel to sample_rows
     future_idx: list[int]
     sampling_states: list[SamplingState]
+    # speculative decoding: rows whose features at their last token the drafter keeps (the sample rows, and a
+    # prefill chunk ending one token short of its request's known tokens: that token is the next verify's input)
+    feature_rows: list[int] = field(default_factory=list)
     want_logprobs: bool = False
     top_logprobs_num: int = 0
     # memory operations (restores, unified-pool moves, poison) in decision order, run before the forward;
@@ -39,6 +43,10 @@ class Batch:
     # (committed steps, physical slot) where the fold leaves a prefix-cache snapshot if that many steps commit
     max_drafts: list[int] = field(default_factory=list)
     spec_snapshots: list[tuple[int, int] | None] | None = None
+    # VERIFY: where each request's last token and committed steps go in the runner's future buffers, and (a verify
+    # chained onto one in flight) the index whose committed steps add to the request's prefix length (-1: none)
+    verify_future: list[int] = field(default_factory=list)
+    chain_refs: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -60,6 +68,9 @@ class BatchResult:
 
     # (event, tokens, logprobs, (top values, top ids)) copying into pinned host memory; see `pending`
     copying: tuple | None = None
+    # a result whose fields a function fills in once the device has produced them (a speculative step on the
+    # device): `resolve` calls it once
+    deferred: Callable[[], "BatchResult"] | None = None
 
     @classmethod
     def pending(cls, tokens: torch.Tensor, logprobs: torch.Tensor | None = None,
@@ -80,7 +91,12 @@ class BatchResult:
         return cls([], copying=(event, *parts))
 
     def resolve(self) -> "BatchResult":
-        """Wait for the copies `pending` started (a no-op for a result built from lists)."""
+        """Wait for the copies `pending` started, or the deferred result (a no-op for a result built from lists);
+        idempotent."""
+        if self.deferred is not None:
+            done, self.deferred = self.deferred(), None
+            for f in fields(self):
+                setattr(self, f.name, getattr(done, f.name))
         if self.copying is not None:
             event, *parts = self.copying
             event.synchronize()

@@ -281,7 +281,7 @@ class DraftGraphRunner(_Buckets):
 
 
 class SpecStepGraphRunner(_Buckets):
-    """CUDA graph of a whole greedy speculative step, per batch-size bucket: `step(features [b, F], ints [6, b],
+    """CUDA graph of a whole greedy speculative step, per batch-size bucket: `step(features [b, F], ints [8, b],
     table [b, max_pages])` (the speculative worker's `greedy_step`: draft, verify, accept, fold, next features) with
     no host synchronisation inside, so a step is one launch and one copy back. Padding rows carry `pad` (a block
     that verifies and commits nothing on the scratch page and slot) and zero features."""
@@ -315,7 +315,7 @@ class SpecStepGraphRunner(_Buckets):
 
     @torch.no_grad()
     def run(self, features: list[torch.Tensor], ints: torch.Tensor, table: torch.Tensor) -> tuple:
-        """features: one [F] tensor per request; ints [6, bucket] and table [bucket, width] host tensors already
+        """features: one [F] tensor per request; ints [8, bucket] and table [bucket, width] host tensors already
         padded to the bucket. Returns the graph's static outputs (valid until its next replay)."""
         bs, b = len(features), ints.shape[1]
         assert self.bucket(b) == b and table.shape[0] == b and table.shape[1] <= self.max_pages

@@ -42,7 +42,11 @@ class ModelRunner:
         # sampled tokens the next batch may read before the scheduler has seen them (a speculative step's graph
         # reads this buffer too: allocated before it is captured)
         self.future_size = 4 * args.max_running_requests + 16
-        self.future = torch.zeros(self.future_size, dtype=torch.long, device=self.device)
+        self.future = torch.zeros(self.future_size + 1, dtype=torch.long, device=self.device)
+        # a verify step's committed steps per request, beside its last token in `future`: a verify chained onto it
+        # adds them to the request's prefix length on the device. The last entry of both is a scratch the padding
+        # rows of a step write.
+        self.future_commit = torch.zeros(self.future_size + 1, dtype=torch.long, device=self.device)
         self.spec = None
         if args.speculative:
             from kestrel.spec.worker import SpecWorker
@@ -161,7 +165,9 @@ class ModelRunner:
         for src, dst in end_snapshots:
             self.mem.run(("copy_slot", src, dst))
         if self.spec is not None:
-            self.spec.keep_features(b, out.captured, fb.logits_indices)
+            rows = fb.logits_indices if b.feature_rows == b.sample_rows else self.to_device(
+                [cu[r + 1] - 1 for r in b.feature_rows])
+            self.spec.keep_features(b, out.captured, rows)
         if not b.sample_rows:
             return BatchResult([])
         s = sample(out.logits, b.sampling_states, b.want_logprobs, b.top_logprobs_num)

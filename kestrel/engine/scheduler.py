@@ -5,6 +5,12 @@ One step: build batch n+1 on this thread, submit it to the forward thread, then 
 n+1 runs. A decode input whose token batch n has not produced yet is a future reference. A request that finishes
 in batch n may already sit in batch n+1: its extra token is dropped and its memory is released only when no
 submitted batch holds it (`Req.inflight`).
+
+Speculative verify steps overlap the same way, chained: verify n+1 is built and launched before verify n's
+accepted lengths reach the host. A chained request's last token and prefix length are future references (the
+device adds the steps n commits); its pages cover the worst case (n accepts every draft), and its drafts are capped
+by the budget and context left in that worst case. A request whose step cannot be chained (sampling or penalties,
+which read the tokens before them; near its end; a prefix-cache snapshot in reach; short of pages) waits for n.
 """
 
 import concurrent.futures
@@ -107,10 +113,17 @@ class Scheduler:
         updated: list[Req] = []
         batch = self._schedule(updated)
         if batch is not None and batch.mode == ForwardMode.VERIFY:
-            # a verify step's accepted length decides the next step's positions: it runs synchronously
-            updated += self._drain()
+            if self.inflight is not None and self.inflight[0].mode != ForwardMode.VERIFY:
+                updated += self._drain()  # a prefill's sampled tokens and features feed this step
             self._count(batch)
-            updated += self._process_verify(batch, self._run_safely(batch))
+            result = self._run_safely(batch, resolve=self.forward is None)
+            if self.forward is None:
+                updated += self._process_verify(batch, result)
+            else:
+                # launched (on a GPU the device still runs it): the step in flight, if any, is processed meanwhile
+                previous, self.inflight = self.inflight, (batch, result)
+                if previous is not None:
+                    updated += self._process_done(*previous)
         elif batch is None:
             if self.inflight is not None:
                 updated += self._drain()
@@ -124,7 +137,7 @@ class Scheduler:
             future = self.forward.submit(batch)
             previous, self.inflight = self.inflight, (batch, future)
             if previous is not None:
-                updated += self._process(previous[0], self._result(previous[1], previous[0]))
+                updated += self._process_done(*previous)
         if self.check_invariants:
             self.mm.check_invariants(self.running)
         # each request once, in first-seen order (one drained and then run again in the same step appears twice)
@@ -139,27 +152,34 @@ class Scheduler:
         for r in batch.reqs:
             r.inflight += 1
 
-    def _run_safely(self, batch: Batch) -> BatchResult | Exception:
+    def _run_safely(self, batch: Batch, resolve: bool = True) -> BatchResult | Exception:
         try:
-            return self.runner.run(batch).resolve()
+            result = self.runner.run(batch)
+            return result.resolve() if resolve else result
         except Exception as e:  # noqa: BLE001 - one failing forward fails its requests, not the engine
             log.exception("forward failed")
             return e
 
-    def _result(self, future, batch: Batch) -> BatchResult | Exception:
+    def _process_done(self, batch: Batch, future) -> list[Req]:
+        """Process a submitted batch once its results are in: `future` is the forward thread's future, or the
+        (launched, unresolved) result of a verify step."""
         try:
-            return future.result().resolve()
+            result = future.result() if isinstance(future, concurrent.futures.Future) else future
+            if not isinstance(result, Exception):
+                result = result.resolve()
         except Exception as e:  # noqa: BLE001
             log.exception("forward failed")
-            return e
+            result = e
+        if batch.mode == ForwardMode.VERIFY:
+            return self._process_verify(batch, result)
+        return self._process(batch, result)
 
     def _drain(self) -> list[Req]:
         """Wait for the batch in flight and process it (before retracting or when idle)."""
         if self.inflight is None:
             return []
-        batch, future = self.inflight
-        self.inflight = None
-        return self._process(batch, self._result(future, batch))
+        previous, self.inflight = self.inflight, None
+        return self._process_done(*previous)
 
     # ---- building a batch
     def _schedule(self, updated: list[Req]) -> Batch | None:
@@ -177,7 +197,15 @@ class Scheduler:
             # prefill chunks run as ordinary extends; the decoding requests verify drafted blocks together
             prefill = [(r, n) for r, n in work if r.remaining > 1 or r.computed_len == 0]
             if not prefill:
-                return self._build_verify([r for r, _ in work])
+                reqs = [r for r, _ in work]
+                links = self._chain_links()
+                chain = {r.rid: (links[r.rid][0], self._chained_drafts(r, *links[r.rid])) for r in reqs
+                         if r.rid in links}
+                if any(d is None for _, d in chain.values()):
+                    updated += self._drain()
+                    self._reap()
+                    reqs, chain = [r for r in reqs if not r.finished], {}
+                return self._build_verify(reqs, chain)
             work = prefill
         work = [(r, n) for r, n in work if self._grow(r, n)]
         if not work:
@@ -235,13 +263,17 @@ class Scheduler:
             cached = cache.match(r, self.mm)
             n = self._chunk(r, budget)
             pages = self.mm.pages_needed(r, n)
-            if not self.mm.can_alloc(pages + reserve, cache.slots_per_request):
+            # a retracted request comes back beside running work only when all it had fits: admitted for its first
+            # chunk alone, it could be retracted for the next and admitted again for ever while the running
+            # requests never decoded (speculation runs prefill chunks before verify steps)
+            whole = self.mm.pages_needed(r, r.remaining) if r.retractions and self.running else pages
+            if not self.mm.can_alloc(whole + reserve, cache.slots_per_request):
                 cache.unmatch(r, self.mm)
                 if not self.running and self.inflight is None:
                     # the pool is as empty as it gets: this request can never start
                     self.waiting.pop(0)
                     self._forget(r)
-                    self._finish(r, {"type": "abort", "message": f"the request needs {pages} KV pages at once; "
+                    self._finish(r, {"type": "abort", "message": f"the request needs {whole} KV pages at once; "
                                                                  f"the pool holds {self.mm.kv.pages.capacity}"})
                     continue
                 break
@@ -275,7 +307,7 @@ class Scheduler:
 
     def _build(self, work: list[tuple[Req, int]]) -> Batch:
         ps, mm = self.page_size, self.mm
-        ids, ext, pre, sample_rows, future_idx, states, track = [], [], [], [], [], [], []
+        ids, ext, pre, sample_rows, future_idx, states, track, feature_rows = [], [], [], [], [], [], [], []
         decode_only = all(n == 1 and r.computed_len > 0 for r, n in work)
         for row, (r, n) in enumerate(work):
             start = r.computed_len
@@ -290,6 +322,8 @@ class Scheduler:
             track.append(tr)
             if start < len(r.prompt_ids):
                 self.stats.computed_prompt_tokens += min(start + n, len(r.prompt_ids)) - start
+            if self.spec and start + n >= r.total_len - 1:
+                feature_rows.append(row)
             if start + n == r.total_len:
                 sample_rows.append(row)
                 self.future_of[r.rid] = self.future_next
@@ -312,29 +346,67 @@ class Scheduler:
             mode=ForwardMode.DECODE if decode_only else ForwardMode.EXTEND, reqs=reqs, input_ids=ids,
             extend_lens=ext, prefix_lens=pre, page_table=tables, out_cache_loc=locs,
             state_slots=[mm.mem.slot_phys(r.slot) for r in reqs], sample_rows=sample_rows, future_idx=future_idx,
+            feature_rows=feature_rows,
             sampling_states=states, want_logprobs=any(reqs[i].return_logprob for i in sample_rows),
             top_logprobs_num=max([reqs[i].top_logprobs_num for i in sample_rows], default=0),
             mem_ops=mm.take_ops(), track=track if any(t is not None for t in track) else None)
 
-    def _build_verify(self, reqs: list[Req]) -> Batch | None:
-        """One VERIFY batch: each request feeds its last committed token plus up to gamma drafts."""
+    def _chain_links(self) -> dict[str, tuple[int, int]]:
+        """Requests of the verify step in flight (launched, results not seen): rid -> (the future entry its last
+        token and committed steps go to, the drafts it verifies)."""
+        if self.inflight is None or self.inflight[0].mode != ForwardMode.VERIFY:
+            return {}
+        b = self.inflight[0]
+        return {r.rid: (f, d) for r, f, d in zip(b.reqs, b.verify_future, b.max_drafts)}
+
+    def _chained_drafts(self, r: Req, future: int, drafts_in_flight: int) -> int | None:
+        """Drafts r's next verify may take chained onto the step in flight, or None when it must wait for it. The
+        step in flight commits 1 to 1 + drafts_in_flight tokens: pages, budget and context are taken at the most."""
+        gamma = self.args.speculative_num_draft_tokens
+        st = self.states[r.rid]
+        if not st.plain_greedy or r.return_logprob or r.top_logprobs_num:
+            return None  # the host must see every earlier token (penalties, seeds) or their logprobs
+        budget = r.budget_left - 1 - drafts_in_flight
+        total = r.total_len + 1 + drafts_in_flight
+        if budget < 1 or total >= self.context_len:
+            return None  # the step in flight may end the request
+        drafts = max(0, min(gamma, budget - 1, self.context_len - total - 1))
+        steps = 2 + drafts_in_flight + drafts
+        if not self.mm.cache.spec_quiet(r, steps) or not self._grow(r, steps):
+            return None
+        return drafts
+
+    def _build_verify(self, reqs: list[Req], chain: dict[str, tuple[int, int]] | None = None) -> Batch | None:
+        """One VERIFY batch: each request feeds its last committed token plus up to gamma drafts. A request in
+        `chain` (rid -> (future entry of the step in flight, drafts)) is chained onto the verify step in flight
+        (see the module docstring); its pages are already grown."""
         mm, gamma = self.mm, self.args.speculative_num_draft_tokens
+        chain = chain or {}
         work = []
         for r in reqs:
+            if r.rid in chain:
+                ref, drafts = chain[r.rid]
+                work.append((r, drafts, ref))
+                continue
             drafts = max(0, min(gamma, r.budget_left - 1, self.context_len - r.total_len - 1))
             # short of pages: verify the committed token alone (the room for that was made before)
             if not self._grow(r, 1 + drafts):
                 drafts = 0
             if self._grow(r, 1 + drafts):
-                work.append((r, drafts))
+                work.append((r, drafts, -1))
         if not work:
             return None
-        ids, snaps = [], []
-        for r, drafts in work:
-            ids.append(r.token_at(r.computed_len) if r.computed_len < r.known_len else -(self.future_of[r.rid] + 1))
-            snap = mm.cache.spec_snapshot(r, 1 + drafts, mm)
-            snaps.append(snap)
-        reqs = [r for r, _ in work]
+        ids, snaps, futures = [], [], []
+        for r, drafts, ref in work:
+            if ref >= 0:
+                ids.append(-(ref + 1))
+                snaps.append(None)
+            else:
+                ids.append(r.token_at(r.computed_len) if r.computed_len < r.known_len else -(self.future_of[r.rid] + 1))
+                snaps.append(mm.cache.spec_snapshot(r, 1 + drafts, mm))
+            futures.append(self.future_next)
+            self.future_next = (self.future_next + 1) % self.runner.future_size
+        reqs = [r for r, _, _ in work]
         live = mm.state.slots.used
         return Batch(
             mode=ForwardMode.VERIFY, reqs=reqs, input_ids=ids, extend_lens=[1] * len(reqs),
@@ -342,7 +414,8 @@ class Scheduler:
             out_cache_loc=[], state_slots=[mm.mem.slot_phys(r.slot) for r in reqs], sample_rows=list(range(len(reqs))),
             future_idx=[], sampling_states=[self.states[r.rid] for r in reqs],
             want_logprobs=any(r.return_logprob for r in reqs), top_logprobs_num=max(r.top_logprobs_num for r in reqs),
-            mem_ops=mm.take_ops(), max_drafts=[d for _, d in work],
+            mem_ops=mm.take_ops(), max_drafts=[d for _, d, _ in work], verify_future=futures,
+            chain_refs=[ref for _, _, ref in work],
             spec_snapshots=[None if s is None or s[1] not in live else (s[0], mm.mem.slot_phys(s[1])) for s in snaps])
 
     # ---- results
@@ -386,8 +459,9 @@ class Scheduler:
                 r.inflight -= 1
                 if not r.finished:
                     self._finish(r, {"type": "abort", "message": f"internal error: {result}"})
-            for row in batch.sample_rows:
-                batch.reqs[row].pending -= 1
+            if batch.mode != ForwardMode.VERIFY:  # a verify step leaves no token pending
+                for row in batch.sample_rows:
+                    batch.reqs[row].pending -= 1
             self._reap()
             return updated
         now = time.monotonic()

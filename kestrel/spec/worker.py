@@ -70,7 +70,8 @@ class SpecWorker:
         self._window_row = 0
         self.graphs = self.draft_graphs = self.step_graphs = None
         # `_host_ints`' column values of a padding row: a block that verifies and commits nothing on the scratch slot
-        self.pad_ints = [0, -1, 0, runner.mem.scratch_slot, 0, runner.mem.scratch_slot]
+        # and publishes to the futures' scratch entry
+        self.pad_ints = [0, -1, 0, runner.mem.scratch_slot, 0, runner.mem.scratch_slot, runner.future_size, -1]
         if runner.device.type == "cuda" and not runner.args.disable_cuda_graph and rollback == "replay":
             from kestrel.engine.cuda_graph import DraftGraphRunner, SpecStepGraphRunner, VerifyGraphRunner
 
@@ -85,10 +86,11 @@ class SpecWorker:
 
     # ---- features from ordinary forwards
     def keep_features(self, b: Batch, captured: dict[int, torch.Tensor], rows: torch.Tensor) -> None:
-        if not b.sample_rows:
+        """The drafter's features of `b.feature_rows`' requests at the last token each fed (token rows `rows`)."""
+        if not b.feature_rows:
             return
         feats = self.drafter.gather_features({l: captured[l][rows] for l in self.layers})
-        for k, row in enumerate(b.sample_rows):
+        for k, row in enumerate(b.feature_rows):
             self.features[b.reqs[row].rid] = feats[k]
 
     def forget(self, rid: str) -> None:
@@ -111,20 +113,16 @@ class SpecWorker:
         prune = planning and self.guard.use_planner(bucket)
         if self.greedy_on_device(b, prune):
             with record_function("spec.greedy_step"):
-                res, commit = self._run_greedy(b, list(b.max_drafts))
-            # the verify forward is not timed apart inside one graph: the profile's whole-block time stands for it
-            t_verify = dict((L, full) for L, _, full in self.profile[bucket])[self.gamma + 1] if planning else 0.0
-            self._account(b, bucket, planning, prune, commit, t_start, t_verify)
-            return res
-        x0 = torch.tensor(b.input_ids, dtype=torch.long, device=dev)
-        if min(b.input_ids) < 0:
-            x0 = torch.where(x0 < 0, r.future[(-x0 - 1).clamp_min(0)], x0)
+                return self._run_greedy(b, list(b.max_drafts), bucket, planning, t_start)
+        ints, table = self._host_ints(b, list(b.max_drafts))
+        ints, table = r.to_device(ints), r.to_device(table)
+        x0, prefix = self._resolve(ints)
         feats = torch.stack([self.features[q.rid] for q in b.reqs])
         with record_function("spec.draft"):  # the confidence head only when this step may prune
             if self.draft_graphs is not None and self.draft_graphs.bucket(B) is not None:
                 draft = self.draft_graphs.run(feats, x0, prune)
             else:
-                draft = self.drafter.propose(feats, x0, self.gamma, want_probs=False, want_confidence=prune)
+                draft = self._draft(feats, x0, prefix, prune)
             # a pruning plan reads the confidences now; otherwise the drafts reach the host only with the verify
             # outputs, so the host builds and launches the verify while the drafter still runs (one sync a step)
             keep = self._plan(draft.confidence, b.max_drafts) if prune else list(b.max_drafts)
@@ -137,7 +135,8 @@ class SpecWorker:
         with record_function("spec.verify"):
             # every block padded to the longest: past its own length a block's tokens are no-ops (see ForwardMode)
             ids = torch.cat([x0.view(B, 1), draft.tokens], dim=1)[:, :L].reshape(-1)
-            fb = self._forward_batch(b, ids, lens, L)
+            n = r.to_device(lens) if prune else ints[1] + 1
+            fb = self._device_batch(ids, prefix, n, table, ints[3], L)
             out, graphed = self._target(fb)
             self.window_bytes = sum(rec.nbytes() for rec in fb.replay.values())
             top = out.logits.argmax(-1).tolist() if any(st.params.greedy for st in b.sampling_states) else None
@@ -164,6 +163,7 @@ class SpecWorker:
                     kda_ops.fold(rec, r.mem.conv_state(layer), r.mem.ssm_state(layer), fb.state_slots, commit_t, snaps)
             rows = torch.tensor([i * L + commit[i] - 1 for i in range(B)], device=dev)
             feats = self.drafter.gather_features({l: out.captured[l][rows] for l in self.layers})
+            self._publish(ints, r.to_device([a.tokens[-1] for a in results]), commit_t)
         for i, q in enumerate(b.reqs):
             self.features[q.rid] = feats[i]
         res = BatchResult(tokens=[a.tokens[-1] for a in results], spec_tokens=[a.tokens for a in results],
@@ -211,15 +211,17 @@ class SpecWorker:
 
     def _host_ints(self, b: Batch, keep: list[int], rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A step's per-request integers as host tensors, padded to `rows` (default: the batch) with blocks that
-        verify nothing on the scratch page and slot: ints [6, rows] int64 (last committed token or a future
+        verify nothing on the scratch page and slot: ints [8, rows] int64 (last committed token or a future
         reference, drafts allowed (-1: a padding row), prefix length, state slot, snapshot steps (0: none), snapshot
-        slot) and table [rows, width] int32 pages."""
+        slot, the future entry this step publishes to, the future entry whose committed steps add to the prefix
+        length (-1: none)) and table [rows, width] int32 pages."""
         mem = self.runner.mem
         B = len(b.reqs) if b.reqs else len(keep)
         pad = rows - B if rows else 0
         snaps = [s or (0, mem.scratch_slot) for s in (b.spec_snapshots or [None] * B)]
         ids = b.input_ids if b.reqs else [0] * B
-        cols = (ids, keep, b.prefix_lens, b.state_slots, [s[0] for s in snaps], [s[1] for s in snaps])
+        cols = (ids, keep, b.prefix_lens, b.state_slots, [s[0] for s in snaps], [s[1] for s in snaps],
+                b.verify_future or [self.pad_ints[6]] * B, b.chain_refs or [-1] * B)
         ints = torch.tensor([list(c) + [p] * pad for c, p in zip(cols, self.pad_ints)], dtype=torch.long)
         width = max(len(row) for row in b.page_table)
         page = mem.scratch_page
@@ -250,7 +252,26 @@ class SpecWorker:
         of the step's integers."""
         ints, table = self._host_ints(b, [n - 1 for n in lens])
         ints, table = self.runner.to_device(ints), self.runner.to_device(table)
-        return self._device_batch(ids, ints[2], ints[1] + 1, table, ints[3], L or max(lens))
+        return self._device_batch(ids, self._resolve(ints)[1], ints[1] + 1, table, ints[3], L or max(lens))
+
+    def _resolve(self, ints: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each request's last committed token and prefix length on the device: a future reference reads the token
+        the batch in flight produces, and a chained row adds the steps that batch commits (`_host_ints`' ints)."""
+        r = self.runner
+        x0, prefix, ref = ints[0], ints[2], ints[7]
+        x0 = torch.where(x0 < 0, r.future[(-x0 - 1).clamp_min(0)], x0)
+        return x0, prefix + torch.where(ref >= 0, r.future_commit[ref.clamp_min(0)], 0)
+
+    def _publish(self, ints: torch.Tensor, tokens: torch.Tensor, commit: torch.Tensor) -> None:
+        """A step's last token and committed steps per request into the futures a chained step reads."""
+        at = ints[6]
+        self.runner.future[at] = tokens.long()
+        self.runner.future_commit[at] = commit.long()
+
+    def _draft(self, feats: torch.Tensor, x0: torch.Tensor, prefix: torch.Tensor, confidence: bool):
+        """gamma greedy drafts per request from its features and last committed token, which sits at position
+        `prefix` (the drafter does not read it; a test's oracle drafter does)."""
+        return self.drafter.propose(feats, x0, self.gamma, want_probs=False, want_confidence=confidence)
 
     # ---- the greedy step on the device
     def greedy_on_device(self, b: Batch, prune: bool) -> bool:
@@ -265,22 +286,23 @@ class SpecWorker:
         """A whole greedy speculative step on the device, with no host synchronisation (a CUDA graph captures it):
         draft gamma tokens, verify every block whole, accept the longest prefix of drafts equal to the target's
         argmax, fold the committed steps (and the snapshots they reach) into the state, and gather the features at
-        each block's last committed position. feats [B, F]; ints [6, B] and table as `_host_ints` builds them.
+        each block's last committed position. feats [B, F]; ints [8, B] and table as `_host_ints` builds them.
 
         Returns (packed [B, gamma + 2] int64: the drafts, the target's token after the accepted ones, the number
         accepted; the next features [B, F]). Padding rows (drafts allowed -1) verify and commit nothing. Blocks are
         padded to L tokens (default gamma + 1; at least 1 + the most drafts a block may keep)."""
         r, G = self.runner, self.gamma
         L = L or G + 1
-        x0, keep, prefix, slots, snap_n, snap_slot = ints
-        B = x0.shape[0]
-        x0 = torch.where(x0 < 0, r.future[(-x0 - 1).clamp_min(0)], x0)
-        draft = self.drafter.propose(feats, x0, G, want_probs=False, want_confidence=False)
+        _, keep, _, slots, snap_n, snap_slot = ints[:6]
+        B = keep.shape[0]
+        x0, prefix = self._resolve(ints)
+        draft = self._draft(feats, x0, prefix, False)
         n = keep + 1
         ids = torch.cat([x0.view(B, 1), draft.tokens[:, : L - 1]], 1).view(-1)
         fb = self._device_batch(ids, prefix, n, table, slots, L)
         out = r.model(fb)
         packed, commit, snap_steps, rows = dspark_ops.accept_greedy(out.logits, draft.tokens, keep, n, snap_n)
+        self._publish(ints, packed[:, G], commit)
         for layer, rec in fb.replay.items():
             kda_ops.fold(rec, r.mem.conv_state(layer), r.mem.ssm_state(layer), slots, commit, (snap_steps, snap_slot))
         nxt = self.drafter.gather_features({l: out.captured[l][rows] for l in self.layers})
@@ -288,9 +310,10 @@ class SpecWorker:
         self._window_row = self.window_bytes // max(B, 1)
         return packed, nxt
 
-    def _run_greedy(self, b: Batch, keep: list[int]) -> tuple[BatchResult, list[int]]:
-        """The step of `greedy_step`, replayed as one CUDA graph where one serves the batch; one device-to-host copy.
-        Returns the result and each request's committed steps."""
+    def _run_greedy(self, b: Batch, keep: list[int], bucket: int, planning: bool, t_start: float) -> BatchResult:
+        """The step of `greedy_step`, replayed as one CUDA graph where one serves the batch. Returns as soon as the
+        step is launched: the result is deferred (one device-to-host copy, read when the scheduler resolves it),
+        so the host can build and launch the next step, chained onto this one, while the device runs it."""
         B, G = len(b.reqs), self.gamma
         runner = self.step_graphs
         graphed = (runner is not None and runner.bucket(B) is not None
@@ -299,27 +322,34 @@ class SpecWorker:
         if graphed:
             packed, feats = runner.run([self.features[q.rid] for q in b.reqs], ints, table)
             self.window_bytes = self._window_row * B
+            # a graph's outputs are overwritten by its next replay: copies, queued before it
+            packed, feats = BatchResult.pending(packed[:B]), feats[:B].clone()
         else:
             feats = torch.stack([self.features[q.rid] for q in b.reqs])
             # eager: blocks only as long as the longest (as the host path pads them)
             packed, feats = self.greedy_step(feats, self.runner.to_device(ints), self.runner.to_device(table),
                                              1 + max(keep))
-        packed = packed[:B].tolist()
-        feats = feats[:B].clone() if graphed else feats  # a graph's outputs are overwritten by its next replay
-        tokens, taken = [], []
-        snaps = b.spec_snapshots or [None] * B
+            packed = BatchResult.pending(packed)
         for i, q in enumerate(b.reqs):
             self.features[q.rid] = feats[i]
-            row = packed[i]
-            acc = row[G + 1]
-            toks = row[:acc] + [row[G]]
-            for t in toks:
-                b.sampling_states[i].advance(t)
-            tokens.append(toks)
-            taken.append(snaps[i] is not None and snaps[i][0] <= acc + 1)
-        res = BatchResult(tokens=[t[-1] for t in tokens], spec_tokens=tokens, spec_drafted=list(keep),
-                          spec_snapshots=taken)
-        return res, [len(t) for t in tokens]
+        # the verify forward is not timed apart inside one graph: the profile's whole-block time stands for it
+        t_verify = dict((L, full) for L, _, full in self.profile[bucket])[self.gamma + 1] if planning else 0.0
+
+        def finish() -> BatchResult:
+            tokens, taken = [], []
+            snaps = b.spec_snapshots or [None] * B
+            for i, row in enumerate(packed.resolve().tokens):
+                acc = row[G + 1]
+                toks = row[:acc] + [row[G]]
+                for t in toks:
+                    b.sampling_states[i].advance(t)
+                tokens.append(toks)
+                taken.append(snaps[i] is not None and snaps[i][0] <= acc + 1)
+            self._account(b, bucket, planning, False, [len(t) for t in tokens], t_start, t_verify)
+            return BatchResult(tokens=[t[-1] for t in tokens], spec_tokens=tokens, spec_drafted=list(keep),
+                               spec_snapshots=taken)
+
+        return BatchResult([], deferred=finish)
 
     # ---- planning
     @staticmethod

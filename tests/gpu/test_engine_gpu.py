@@ -58,9 +58,19 @@ def test_speculative_greedy_on_gpu_matches_plain_decoding(overlap):
     with Engine(**common) as engine:
         plain = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=params)]
     with Engine(speculative_algorithm="dspark", **common) as engine:
+        worker, chained = engine.core.runner.spec, []
+        run = worker.run
+
+        def counted(b):
+            chained.append(sum(ref >= 0 for ref in b.chain_refs))
+            return run(b)
+
+        worker.run = counted
         outs = engine.generate(input_ids=prompts, sampling_params=params)
         model = engine.core.model
         assert sum(o["meta_info"].get("spec_verify_ct", 0) for o in outs) > 0
+        # with the overlap scheduler, steps are launched chained onto the one in flight
+        assert (sum(chained) > 0) == overlap
         for p, o, q in zip(prompts, outs, plain):
             if o["output_ids"] == q:
                 continue
@@ -101,7 +111,7 @@ def test_speculative_step_graph_equals_host_acceptance(dtype):
             run = worker.run
 
             def recorded(b, run=run, steps=steps, index=index):
-                res = run(b)
+                res = run(b).resolve()  # a device step's result is deferred: resolving it early only waits
                 for q, toks in zip(b.reqs, res.spec_tokens):
                     steps[index[tuple(q.prompt_ids)]].append(list(toks))
                 return res

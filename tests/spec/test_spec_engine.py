@@ -53,13 +53,16 @@ def test_trained_like_drafter_accepts_and_planner_keeps_output(tiny64, drafter_d
     worker.profile = {16: [(n, 1e-3 * (1 + 0.01 * n), 1e-3 * (1 + 0.05 * n)) for n in range(1, 6)]}
 
     # an oracle drafter: the reference greedy continuation, so acceptance is high and the planner has work
-    def oracle(features, last_token, gamma, **kw):
-        out = worker.drafter.__class__.propose(worker.drafter, features, last_token, gamma)
-        for i, rid in enumerate(current):
+    draft, gamma = worker._draft, worker.gamma
+
+    def oracle(features, last_token, prefix, confidence):
+        out = draft(features, last_token, prefix, confidence)
+        for i, (rid, pos) in enumerate(zip(current, prefix.tolist())):
             r = by_rid[rid]
-            cont = greedy_reference(tiny64, r.prompt_ids, len(r.output_ids) + 1 + gamma)
-            out.tokens[i] = torch.tensor(cont[len(r.output_ids) : len(r.output_ids) + gamma])
-            out.confidence[i] = 0.9
+            k = pos + 1 - len(r.prompt_ids)  # outputs before the block (a chained step's host view lags behind)
+            out.tokens[i] = torch.tensor(greedy_reference(tiny64, r.prompt_ids, k + gamma)[k:])
+            if out.confidence is not None:
+                out.confidence[i] = 0.9
         return out
 
     reqs = [core.make_request(p, {**G, "max_new_tokens": 9}) for p in prompts]
@@ -71,9 +74,7 @@ def test_trained_like_drafter_accepts_and_planner_keeps_output(tiny64, drafter_d
         current[:] = [r.rid for r in b.reqs]
         return run(b)
 
-    worker.run = run_and_track
-    worker.drafter.propose = oracle
-    core.runner.spec = worker
+    worker.run, worker._draft = run_and_track, oracle
     done = drive(core, reqs)
     for r, p in zip(reqs, prompts):
         assert done[r.rid].output_ids == greedy_reference(tiny64, p, 9)
@@ -94,14 +95,14 @@ def _oracle_drafts(core, tiny64, seed: int):
     worker = core.runner.spec
     rng = torch.Generator().manual_seed(seed)
     by_rid, current = {}, []
-    run, propose = worker.run, worker.drafter.propose
+    run, draft, gamma = worker.run, worker._draft, worker.gamma
 
-    def oracle(features, last_token, gamma, **kw):
-        out = propose(features, last_token, gamma, **kw)
-        for i, rid in enumerate(current):
+    def oracle(features, last_token, prefix, confidence):
+        out = draft(features, last_token, prefix, confidence)
+        for i, (rid, pos) in enumerate(zip(current, prefix.tolist())):
             r = by_rid[rid]
-            cont = greedy_reference(tiny64, r.prompt_ids, len(r.output_ids) + 1 + gamma)
-            block = cont[len(r.output_ids) : len(r.output_ids) + gamma]
+            k = pos + 1 - len(r.prompt_ids)  # outputs before the block (a chained step's host view lags behind)
+            block = greedy_reference(tiny64, r.prompt_ids, k + gamma)[k:]
             spoil = int(torch.randint(0, gamma + 1, (1,), generator=rng))
             if spoil < gamma:
                 block[spoil] = (block[spoil] + 1) % tiny64.cfg.vocab_size
@@ -110,11 +111,12 @@ def _oracle_drafts(core, tiny64, seed: int):
 
     def run_and_track(b):
         current[:] = [r.rid for r in b.reqs]
-        res = run(b)
+        res = run(b).resolve()  # resolving early only waits: the scheduler's own resolve returns the same
         by_rid["snapshots taken"] = by_rid.get("snapshots taken", 0) + sum(res.spec_snapshots)
+        by_rid["chained rows"] = by_rid.get("chained rows", 0) + sum(ref >= 0 for ref in b.chain_refs)
         return res
 
-    worker.run, worker.drafter.propose = run_and_track, oracle
+    worker.run, worker._draft = run_and_track, oracle
     return by_rid
 
 
@@ -175,6 +177,37 @@ def test_host_acceptance_requests_batch_with_device_ones(tiny64, drafter_dir):
         core.shutdown()
     assert outs[0] == outs[1]
     assert outs[1][2][1] and len(outs[1][2][1]) == len(outs[1][2][0])
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_chained_verify_steps_equal_plain_decoding(tiny64, drafter_dir, page_size):
+    """Verify steps chained onto the one in flight (overlap on: the next step's last token and prefix length come
+    from the device), over drafts whose accepted length varies: every request gets the reference's tokens, also
+    one that stops at a token while its chained step is in flight; chained rows run; retraction and prefix-cache
+    hits happen; ownership holds after every step and everything is given back at the end."""
+    prompts = [BASE[:n] + p for n, p in zip([0, 40, 70, 100] * 3, random_prompts(12, seed=21, lo=3, hi=30))]
+    new = 30
+    # stop tokens from the reference continuation: those requests end mid-stream, not at a budget
+    stops = [[greedy_reference(tiny64, p, new)[9 + i]] if i % 3 == 0 else [] for i, p in enumerate(prompts)]
+    core = spec_core(tiny64, drafter_dir, page_size=page_size, speculative_num_draft_tokens=4,
+                     disable_verify_planner=True, state_track_interval=64, chunked_prefill_size=48,
+                     max_total_tokens=400)
+    by_rid = _oracle_drafts(core, tiny64, seed=page_size)
+    reqs = [core.make_request(p, {**G, "max_new_tokens": new, "ignore_eos": False, "stop_token_ids": s})
+            for p, s in zip(prompts, stops)]
+    by_rid.update({r.rid: r for r in reqs})
+    done = drive(core, reqs, seed=5)
+    for r, p, s in zip(reqs, prompts, stops):
+        want = greedy_reference(tiny64, p, new, stop_ids=tuple(s) + tuple(tiny64.cfg.eos_token_ids))
+        assert done[r.rid].output_ids == want, f"request with a {len(p)}-token prompt"
+    assert by_rid["chained rows"] > 0
+    assert sum(done[r.rid].spec_accepted for r in reqs) > sum(done[r.rid].spec_verify_ct for r in reqs)
+    stats = core.scheduler.stats
+    assert stats.cached_tokens > 0 and stats.retractions > 0
+    core.mm.cache.flush(core.mm)
+    assert core.mm.num_free_pages == core.mm.kv.pages.capacity
+    assert core.mm.num_free_slots == core.mm.state.slots.capacity
+    core.shutdown()
 
 
 def test_planner_overhead_counts_host_time_between_steps(tiny64, drafter_dir):
