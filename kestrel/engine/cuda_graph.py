@@ -26,73 +26,97 @@ class _Buckets:
 
 
 class DecodeGraphRunner(_Buckets):
+    """Decode graphs, one per batch-size bucket. A bucket's integer inputs are one [ROWS, b] block of a static
+    int64 buffer (token ids, positions, state slots, cache locations, keys per sequence, and a row the graph does
+    not read: where each row's sampled token goes in the future buffer), so the engine copies a step's integers in
+    with one copy from the host (`run_host`) and its page table with another."""
+
+    ROWS = 6
+
     def __init__(self, model, mem, batch_sizes=DEFAULT_BATCH_SIZES, max_pages_per_seq: int = 64,
-                 device: torch.device | str = "cuda"):
+                 device: torch.device | str = "cuda", future_scratch: int = 0):
         self.model, self.mem = model, mem
         self.batch_sizes = sorted(set(int(b) for b in batch_sizes))
         self.max_pages = max_pages_per_seq
         n = self.batch_sizes[-1]
         dev = torch.device(device)
-        self.input_ids = torch.zeros(n, dtype=torch.long, device=dev)
-        self.positions = torch.zeros(n, dtype=torch.long, device=dev)
         self.scratch_page, self.scratch_slot = mem.scratch_page, mem.scratch_slot
         self.scratch_loc = mem.scratch_page * mem.page_size
+        # a padding row's integers: token 0 at position 0 of the scratch page and slot, one key, the future scratch
+        self.pad = [0, 0, self.scratch_slot, self.scratch_loc, 1, future_scratch]
+        self.pad_t = torch.tensor(self.pad, device=dev).view(-1, 1)
+        self.ints = torch.zeros(self.ROWS * n, dtype=torch.long, device=dev)
         self.page_table = torch.full((n, max_pages_per_seq), self.scratch_page, dtype=torch.int32, device=dev)
-        self.state_slots = torch.full((n,), self.scratch_slot, dtype=torch.long, device=dev)
-        self.seq_lens = torch.ones(n, dtype=torch.int32, device=dev)
-        self.out_cache_loc = torch.full((n,), self.scratch_loc, dtype=torch.long, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, object] = {}
         self.pool = None
 
+    def _ints(self, b: int) -> torch.Tensor:
+        return self.ints[: self.ROWS * b].view(self.ROWS, b)
+
     def _batch(self, bs: int) -> ForwardBatch:
         """The static ForwardBatch of a bucket. prefix_lens are placeholders: no captured code may read them."""
-        return ForwardBatch(ForwardMode.DECODE, self.input_ids[:bs], self.positions[:bs], [1] * bs, [0] * bs,
-                            mem=self.mem, page_table=self.page_table[:bs], out_cache_loc=self.out_cache_loc[:bs],
-                            state_slots=self.state_slots[:bs], seq_lens_t=self.seq_lens[:bs])
+        ids, pos, slots, locs, seq_lens, _ = self._ints(bs)
+        return ForwardBatch(ForwardMode.DECODE, ids, pos, [1] * bs, [0] * bs, mem=self.mem,
+                            page_table=self.page_table[:bs], out_cache_loc=locs, state_slots=slots, seq_lens_t=seq_lens)
 
     @torch.no_grad()
     def capture(self) -> None:
         """Capture every bucket, largest first, sharing one memory pool. Padding rows point at scratch page/slot 0,
         and the scratch slot is overwritten by the warm-up, so capture changes no live request's state."""
         for bs in reversed(self.batch_sizes):
+            self._ints(bs).copy_(self.pad_t.expand(-1, bs))
             fb = self._batch(bs)
             self.graphs[bs], self.outputs[bs], self.pool = capture(lambda: self.model(fb), self.pool)
 
+    def serves(self, bs: int, width: int) -> bool:
+        return self.bucket(bs) in self.graphs and width <= self.max_pages
+
     def can_run(self, fb: ForwardBatch) -> bool:
         return (fb.mode == ForwardMode.DECODE and fb.mem is self.mem and not fb.capture_layers
-                and self.bucket(fb.batch_size) in self.graphs and fb.page_table is not None
-                and fb.page_table.shape[1] <= self.max_pages)
+                and fb.page_table is not None and self.serves(fb.batch_size, fb.page_table.shape[1]))
 
     @torch.no_grad()
     def run(self, fb: ForwardBatch):
-        """Replay the bucket graph for fb; returns the model's ModelOutput restricted to fb's rows (views of the
-        graph's static outputs: valid until the next replay)."""
+        """Replay the bucket graph for fb (device tensors); returns the model's ModelOutput restricted to fb's rows
+        (views of the graph's static outputs: valid until the next replay)."""
         assert self.can_run(fb), "batch not servable by the captured decode graphs"
         bs = fb.batch_size
         b = self.bucket(bs)
-        self.input_ids[:bs].copy_(fb.input_ids, non_blocking=True)
-        self.positions[:bs].copy_(fb.positions, non_blocking=True)
-        self.state_slots[:bs].copy_(fb.state_slots, non_blocking=True)
-        self.out_cache_loc[:bs].copy_(fb.out_cache_loc, non_blocking=True)
-        w = fb.page_table.shape[1]
-        self.page_table[:bs, :w].copy_(fb.page_table, non_blocking=True)
-        if fb.seq_lens_t is not None:
-            self.seq_lens[:bs].copy_(fb.seq_lens_t, non_blocking=True)
-        else:
-            self.seq_lens[:bs].copy_(torch.tensor(fb.seq_lens, dtype=torch.int32), non_blocking=True)
+        ints = self._ints(b)
+        seq_lens = fb.seq_lens_t if fb.seq_lens_t is not None else torch.tensor(fb.seq_lens)
+        for row, src in enumerate((fb.input_ids, fb.positions, fb.state_slots, fb.out_cache_loc, seq_lens)):
+            ints[row, :bs].copy_(src, non_blocking=True)
+        self.page_table[:bs, : fb.page_table.shape[1]].copy_(fb.page_table, non_blocking=True)
         if b > bs:
-            # padding rows: token 0 at position 0 of the scratch page / scratch state slot, one key
-            self.input_ids[bs:b].zero_()
-            self.positions[bs:b].zero_()
-            self.state_slots[bs:b].fill_(self.scratch_slot)
-            self.out_cache_loc[bs:b].fill_(self.scratch_loc)
+            ints[:, bs:].copy_(self.pad_t.expand(-1, b - bs))
             self.page_table[bs:b].fill_(self.scratch_page)
-            self.seq_lens[bs:b].fill_(1)
         self.graphs[b].replay()
         out = self.outputs[b]
         logits = out.logits[:bs] if fb.logits_indices is None else out.logits[fb.logits_indices]
         return type(out)(logits, out.hidden[:bs], {})
+
+    def host_ints(self, columns, bs: int) -> tuple[torch.Tensor, int]:
+        """A step's [ROWS, bucket] host integers from its ROWS columns of bs values, padded; and the bucket."""
+        b = self.bucket(bs)
+        return torch.tensor([list(c) + [p] * (b - bs) for c, p in zip(columns, self.pad)], dtype=torch.long), b
+
+    @torch.no_grad()
+    def run_host(self, ints: torch.Tensor, table: torch.Tensor, bs: int, future=None):
+        """Replay from host data: ints [ROWS, bucket] (`host_ints`) and table [bucket, width] int32 are copied into
+        the bucket's static inputs (non-blocking copies from pageable memory: staged, no stream synchronisation);
+        negative token ids are future references into `future`, resolved on the device. Returns (the output for
+        the first bs rows, the future-index row)."""
+        b = ints.shape[1]
+        static = self._ints(b)
+        static.copy_(ints, non_blocking=True)
+        self.page_table[:b, : table.shape[1]].copy_(table, non_blocking=True)
+        if future is not None:
+            ids = static[0]
+            ids.copy_(torch.where(ids < 0, future[(-ids - 1).clamp_min(0)], ids))
+        self.graphs[b].replay()
+        out = self.outputs[b]
+        return type(out)(out.logits[:bs], out.hidden[:bs], {}), static[5, :bs]
 
 
 @torch.no_grad()

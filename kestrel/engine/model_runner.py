@@ -31,14 +31,6 @@ class ModelRunner:
         self.dtype = model.dtype
         self.mem = self._make_memory(slots_per_request)
         self.graphs = None
-        # process-wide, before any graph is captured (launches are recorded with their attributes); CPU tensors and
-        # pre-Hopper GPUs never launch with it whatever this says
-        ops.PDL = not args.disable_pdl
-        if self.device.type == "cuda":
-            # one GEMM per group of projections sharing an input (weights become views: no extra memory)
-            model.fuse_projections()
-            if not args.disable_cuda_graph:
-                self.graphs = self._capture_graphs()
         # sampled tokens the next batch may read before the scheduler has seen them (a speculative step's graph
         # reads this buffer too: allocated before it is captured)
         self.future_size = 4 * args.max_running_requests + 16
@@ -47,6 +39,14 @@ class ModelRunner:
         # adds them to the request's prefix length on the device. The last entry of both is a scratch the padding
         # rows of a step write.
         self.future_commit = torch.zeros(self.future_size + 1, dtype=torch.long, device=self.device)
+        # process-wide, before any graph is captured (launches are recorded with their attributes); CPU tensors and
+        # pre-Hopper GPUs never launch with it whatever this says
+        ops.PDL = not args.disable_pdl
+        if self.device.type == "cuda":
+            # one GEMM per group of projections sharing an input (weights become views: no extra memory)
+            model.fuse_projections()
+            if not args.disable_cuda_graph:
+                self.graphs = self._capture_graphs()
         self.spec = None
         if args.speculative:
             from kestrel.spec.worker import SpecWorker
@@ -98,7 +98,8 @@ class ModelRunner:
         from kestrel.engine.cuda_graph import DecodeGraphRunner
 
         sizes = self.graph_batch_sizes()
-        runner = DecodeGraphRunner(self.model, self.mem, sizes, self.max_pages_per_seq(), self.device)
+        runner = DecodeGraphRunner(self.model, self.mem, sizes, self.max_pages_per_seq(), self.device,
+                                   future_scratch=self.future_size)
         runner.capture()
         log.info("captured decode CUDA graphs for batch sizes %s", sizes)
         return runner
@@ -112,35 +113,51 @@ class ModelRunner:
         return max(4096, int(free * self.args.mem_fraction_static * 0.5) // max(per_token, 1))
 
     def to_device(self, data, dtype=torch.long) -> torch.Tensor:
-        """Host data (a list or a CPU tensor) on the runner's device without waiting for the device: a copy from
-        pageable memory that is not non-blocking synchronises the stream, so the host could not prepare a batch
-        while the previous one runs. On CUDA the data goes through pinned memory with a non-blocking copy."""
+        """Host data (a list or a CPU tensor) on the runner's device without waiting for the device. A
+        non-blocking copy from pageable memory is staged by the driver before the call returns, with no stream
+        synchronisation (pinning each copy's source cost more on the H200's host: `benchmarks/host_copies.py`)."""
         t = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
-        if self.device.type != "cuda":
-            return t
-        return t.pin_memory().to(self.device, non_blocking=True)
+        return t if self.device.type != "cuda" else t.to(self.device, non_blocking=True)
 
     @torch.inference_mode()
     def run(self, b: Batch) -> BatchResult:
-        ids = self.to_device(b.input_ids)
-        if min(b.input_ids) < 0:
-            ids = torch.where(ids < 0, self.future[(-ids - 1).clamp_min(0)], ids)
         for op in b.mem_ops:
             self.mem.run(op)
         if b.mode == ForwardMode.VERIFY:
             return self.spec.run(b)
         if self.spec is not None:
             self.spec.interrupted()
-        if b.mode == ForwardMode.DECODE:
-            positions = self.to_device(b.prefix_lens)
-        else:
-            positions = self.to_device(torch.cat([torch.arange(p, p + n) for p, n in zip(b.prefix_lens, b.extend_lens)]))
+        B = len(b.reqs)
         width = max(len(row) for row in b.page_table)
         pad = self.mem.scratch_page
-        table = self.to_device([row + [pad] * (width - len(row)) for row in b.page_table], torch.int32)
+        table_rows = [row + [pad] * (width - len(row)) for row in b.page_table]
+        if (b.mode == ForwardMode.DECODE and self.spec is None and self.graphs is not None
+                and self.graphs.serves(B, width) and b.sample_rows == list(range(B)) and b.track is None):
+            # the common decode step: the integers straight into the graph's static inputs, two copies
+            ints, bucket = self.graphs.host_ints(
+                (b.input_ids, b.prefix_lens, b.state_slots, b.out_cache_loc, [p + 1 for p in b.prefix_lens],
+                 b.future_idx), B)
+            table = torch.tensor(table_rows + [[pad] * width] * (bucket - B), dtype=torch.int32)
+            out, future_idx = self.graphs.run_host(ints, table, B,
+                                                   self.future if min(b.input_ids) < 0 else None)
+            return self._sample(b, out, future_idx)
+        if b.mode == ForwardMode.DECODE:
+            positions = b.prefix_lens
+        else:
+            positions = [i for p, n in zip(b.prefix_lens, b.extend_lens) for i in range(p, p + n)]
         cu = [0]
         for n in b.extend_lens:
             cu.append(cu[-1] + n)
+        # every integer of the step in one host-to-device copy: the sizes of its parts, then the parts as views
+        parts = (b.input_ids, positions, b.out_cache_loc, b.state_slots,
+                 [p + n for p, n in zip(b.prefix_lens, b.extend_lens)], [cu[r + 1] - 1 for r in b.sample_rows],
+                 b.future_idx, [cu[r + 1] - 1 for r in b.feature_rows] if self.spec is not None else [],
+                 [page for row in table_rows for page in row])
+        flat = self.to_device([x for part in parts for x in part])
+        ids, positions, locs, slots, seq_lens, logits_idx, future_idx, feature_idx, table = flat.split(
+            [len(part) for part in parts])
+        if min(b.input_ids) < 0:
+            ids = torch.where(ids < 0, self.future[(-ids - 1).clamp_min(0)], ids)
         # a snapshot of the state at the end of a sequence's extend is a plain copy after the forward; the
         # forward itself only writes snapshots from inside an extend
         track, end_snapshots = None, []
@@ -150,12 +167,9 @@ class ModelRunner:
                              if t is not None and t[0] == n]
             track = track if any(t is not None for t in track) else None
         fb = ForwardBatch(
-            b.mode, ids, positions, b.extend_lens, b.prefix_lens, mem=self.mem, page_table=table,
-            out_cache_loc=self.to_device(b.out_cache_loc), state_slots=self.to_device(b.state_slots), track=track,
-            logits_indices=self.to_device([cu[r + 1] - 1 for r in b.sample_rows]),
-            seq_lens_t=self.to_device([p + n for p, n in zip(b.prefix_lens, b.extend_lens)]))
-        if not b.sample_rows:
-            fb.logits_indices = fb.logits_indices[:0]
+            b.mode, ids, positions, b.extend_lens, b.prefix_lens, mem=self.mem,
+            page_table=table.view(B, width).to(torch.int32), out_cache_loc=locs, state_slots=slots, track=track,
+            logits_indices=logits_idx, seq_lens_t=seq_lens)
         if self.spec is not None:
             fb.capture_layers = self.spec.layers
         if self.graphs is not None and self.graphs.can_run(fb):
@@ -165,13 +179,16 @@ class ModelRunner:
         for src, dst in end_snapshots:
             self.mem.run(("copy_slot", src, dst))
         if self.spec is not None:
-            rows = fb.logits_indices if b.feature_rows == b.sample_rows else self.to_device(
-                [cu[r + 1] - 1 for r in b.feature_rows])
-            self.spec.keep_features(b, out.captured, rows)
+            self.spec.keep_features(b, out.captured, feature_idx)
+        return self._sample(b, out, future_idx)
+
+    def _sample(self, b: Batch, out, future_idx: torch.Tensor) -> BatchResult:
+        """Sample the batch's sample rows from out.logits (one row each), publish the tokens to the future buffer
+        and start their copy back."""
         if not b.sample_rows:
             return BatchResult([])
         s = sample(out.logits, b.sampling_states, b.want_logprobs, b.top_logprobs_num)
-        self.future[self.to_device(b.future_idx)] = s.tokens
+        self.future[future_idx] = s.tokens
         # on a GPU the tokens come back while the next batch launches: the scheduler resolves them
         return BatchResult.pending(s.tokens, s.logprobs, s.top_logprobs)
 

@@ -119,7 +119,9 @@ def uniform(st: SamplingState) -> float:
 
 def sample(logits: torch.Tensor, states: list[SamplingState], want_logprobs: bool, top_logprobs_num: int) -> SampleOutput:
     """logits [B, V] -> one token per row. Advances every state by one step."""
-    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    everyone_plain = not (want_logprobs or top_logprobs_num) and all(st.plain_greedy for st in states)
+    if logits.dtype in (torch.float16, torch.bfloat16) and not everyone_plain:
+        logits = logits.float()  # (an argmax alone reads the half-precision values as they are: the same token)
     # plain greedy rows (no penalty, nothing held back) take one batched argmax
     tokens = logits.argmax(-1)
     for i, st in enumerate(states):

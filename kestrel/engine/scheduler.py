@@ -1,8 +1,8 @@
 """The scheduler: continuous batching with chunked prefill, mixed prefill + decode steps, retraction under memory
 pressure, abort, first-come-first-served admission, and overlap scheduling.
 
-One step: build batch n+1 on this thread, submit it to the forward thread, then process batch n's results while
-n+1 runs. A decode input whose token batch n has not produced yet is a future reference. A request that finishes
+One step: build batch n+1 on this thread, launch it (on a GPU from this thread: the runner only queues device
+work; on a CPU, where the forward computes, on the forward thread), then process batch n's results while n+1 runs. A decode input whose token batch n has not produced yet is a future reference. A request that finishes
 in batch n may already sit in batch n+1: its extra token is dropped and its memory is released only when no
 submitted batch holds it (`Req.inflight`).
 
@@ -59,7 +59,11 @@ class Scheduler:
         self.stop_checker = stop_checker
         self.waiting: list[Req] = []
         self.running: list[Req] = []
-        self.forward = ForwardThread(runner) if args.overlap else None
+        self.overlap = args.overlap
+        # on a GPU a batch is launched from this thread (the runner only queues device work: graph replays, copies
+        # into pinned memory, and the previous batch is processed while it runs); on a CPU the forward computes, so
+        # it runs on a thread of its own
+        self.forward = ForwardThread(runner) if args.overlap and runner.device.type != "cuda" else None
         # on a CPU a one-request batch runs on this thread even with overlap on: the forward is mostly Python, so a
         # second thread only fights it for the GIL, and with one request there is almost nothing to overlap
         # (k3-tiny, one request, interleaved runs: 158.5 against 139.4 tok/s on the forward thread; k3-small even)
@@ -116,8 +120,8 @@ class Scheduler:
             if self.inflight is not None and self.inflight[0].mode != ForwardMode.VERIFY:
                 updated += self._drain()  # a prefill's sampled tokens and features feed this step
             self._count(batch)
-            result = self._run_safely(batch, resolve=self.forward is None)
-            if self.forward is None:
+            result = self._run_safely(batch, resolve=not self.overlap)
+            if not self.overlap:
                 updated += self._process_verify(batch, result)
             else:
                 # launched (on a GPU the device still runs it): the step in flight, if any, is processed meanwhile
@@ -128,13 +132,13 @@ class Scheduler:
             if self.inflight is not None:
                 updated += self._drain()
             self._reap()
-        elif self.forward is None or (self.serial_single and len(batch.reqs) == 1):
+        elif not self.overlap or (self.serial_single and len(batch.reqs) == 1):
             updated += self._drain()  # the batch in flight (if any) first: its tokens feed this one
             self._count(batch)
             updated += self._process(batch, self._run_safely(batch))
         else:
             self._count(batch)
-            future = self.forward.submit(batch)
+            future = self.forward.submit(batch) if self.forward is not None else self._run_safely(batch, False)
             previous, self.inflight = self.inflight, (batch, future)
             if previous is not None:
                 updated += self._process_done(*previous)

@@ -1,0 +1,7 @@
+#!/bin/bash
+# Session of 2026-12-01, 14:26, call 4: host timers of decode steps alone (prefills excluded), modes in turns.
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+s() { echo "== $1 ($(date +%T))"; }
+s timers; timeout -k 5 250 python3 benchmarks/host_timers.py --device cuda --dtype bfloat16 --rounds 3 --modes plain,plain+overlap,dspark,dspark+overlap > $OUT/timers.log 2>&1
+echo "rc=$?"; tr '\r' '\n' < $OUT/timers.log | grep -v "loading weights" | grep -E "^== |^   |Error|ratios"
+s done

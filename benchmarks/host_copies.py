@@ -1,0 +1,54 @@
+"""Host microseconds of the small operations a decode step's plumbing is made of (H200 host): building a tensor
+from a list, copies both ways (pageable and pinned sources), events, a small kernel launch.
+
+    python benchmarks/host_copies.py
+
+Each row: the median over rounds of the mean host time per call in a hot loop (no device synchronisation inside).
+"""
+
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import hot_loop_us  # noqa: E402
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    ints = [list(range(i, i + 8)) for i in range(8)]
+    host = torch.tensor(ints)
+    row = list(range(300))
+    table = torch.tensor([row], dtype=torch.int32)
+    static = torch.zeros(8, 8, dtype=torch.long, device=dev)
+    wide = torch.zeros(1, 4096, dtype=torch.int32, device=dev)
+    d = torch.arange(16, device=dev)
+    pinned = torch.empty(64, dtype=torch.long, pin_memory=True)
+    event = torch.cuda.Event()
+    cases = {
+        "torch.tensor(8x8 list)": lambda: torch.tensor(ints),
+        "torch.tensor(1x300 list, int32)": lambda: torch.tensor([row], dtype=torch.int32),
+        "static[:, :300].copy_(pageable 1x300 int32, non_blocking)": lambda: wide[:, :300].copy_(table, non_blocking=True),
+        "torch.tensor(8x8 list).to(cuda, non_blocking)": lambda: torch.tensor(ints).to(dev, non_blocking=True),
+        "tensor.pin_memory().to(cuda, non_blocking)": lambda: host.pin_memory().to(dev, non_blocking=True),
+        "static.copy_(pinned 64, non_blocking)": lambda: static.view(-1).copy_(pinned, non_blocking=True),
+        "static.copy_(pageable 8x8, non_blocking)": lambda: static.copy_(host, non_blocking=True),
+        "torch.empty(pin_memory) + copy_ D2H": lambda: torch.empty(16, dtype=torch.long, pin_memory=True).copy_(
+            d, non_blocking=True),
+        "torch.cuda.Event()": torch.cuda.Event,
+        "event.record()": event.record,
+        "event.record() + synchronize() (idle)": lambda: (event.record(), event.synchronize()),
+        "tensor slice + view + view": lambda: pinned[:32].view(torch.int32).view(8, 8),
+        "small device kernel (d.add_(1))": lambda: d.add_(0),
+    }
+    width = max(len(k) for k in cases)
+    for name, fn in cases.items():
+        us = statistics.median(hot_loop_us(fn, calls=200, rounds=5))
+        torch.cuda.synchronize()
+        print(f"   {name:{width}s} {us:8.2f} us")
+
+
+if __name__ == "__main__":
+    main()
