@@ -9,6 +9,7 @@ Each row: the median over rounds of the mean host time per call in a hot loop (n
 import os
 import statistics
 import sys
+import time
 
 import torch
 
@@ -48,6 +49,30 @@ def main() -> None:
         us = statistics.median(hot_loop_us(fn, calls=200, rounds=5))
         torch.cuda.synchronize()
         print(f"   {name:{width}s} {us:8.2f} us")
+    # the same copies issued while the device is still busy (~ms of queued work): a copy that waits for the device
+    # takes about that long on the host
+    x = torch.randn(4096, 4096, device=dev)
+    busy = {
+        "static.copy_(pageable 8x8, non_blocking)": lambda: static.copy_(host, non_blocking=True),
+        "static[:, :300].copy_(pageable int32, non_blocking)": lambda: wide[:, :300].copy_(table, non_blocking=True),
+        "tensor.pin_memory() then static.copy_(non_blocking)": lambda: static.copy_(host.pin_memory(), non_blocking=True),
+        "torch.empty(pin_memory) + copy_ D2H": lambda: torch.empty(16, dtype=torch.long, pin_memory=True).copy_(
+            d, non_blocking=True),
+        "graph-free small kernel": lambda: d.add_(0),
+    }
+    for name, fn in busy.items():
+        times = []
+        for _ in range(5):
+            for _ in range(10):
+                x = x @ x / 64
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e6)
+            start = time.perf_counter()
+            torch.cuda.synchronize()
+            queued = (time.perf_counter() - start) * 1e6
+        print(f"   busy device: {name:{width}s} {statistics.median(times):8.2f} us (device still busy "
+              f"{queued:.0f} us after it)")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ the real rows out of the static outputs. The captured forward must do no host sy
 values that change between steps: decode kernels read `fb.seq_lens_t`, never `fb.seq_lens`.
 """
 
+import dataclasses
+
 import torch
 
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode
@@ -34,8 +36,11 @@ class DecodeGraphRunner(_Buckets):
     ROWS = 6
 
     def __init__(self, model, mem, batch_sizes=DEFAULT_BATCH_SIZES, max_pages_per_seq: int = 64,
-                 device: torch.device | str = "cuda", future_scratch: int = 0):
-        self.model, self.mem = model, mem
+                 device: torch.device | str = "cuda", future: torch.Tensor | None = None):
+        """future: the runner's future-token buffer (its last entry a scratch): negative token ids are references
+        into it, resolved inside the graph (None: ids are never negative)."""
+        self.model, self.mem, self.future = model, mem, future
+        future_scratch = 0 if future is None else future.shape[0] - 1
         self.batch_sizes = sorted(set(int(b) for b in batch_sizes))
         self.max_pages = max_pages_per_seq
         n = self.batch_sizes[-1]
@@ -67,7 +72,14 @@ class DecodeGraphRunner(_Buckets):
         for bs in reversed(self.batch_sizes):
             self._ints(bs).copy_(self.pad_t.expand(-1, bs))
             fb = self._batch(bs)
-            self.graphs[bs], self.outputs[bs], self.pool = capture(lambda: self.model(fb), self.pool)
+            self.graphs[bs], self.outputs[bs], self.pool = capture(lambda: self.model(self._resolved(fb)), self.pool)
+
+    def _resolved(self, fb: ForwardBatch) -> ForwardBatch:
+        """fb with future references among its token ids read from the future buffer (on the device, captured)."""
+        if self.future is not None:
+            ids = fb.input_ids
+            fb = dataclasses.replace(fb, input_ids=torch.where(ids < 0, self.future[(-ids - 1).clamp_min(0)], ids))
+        return fb
 
     def serves(self, bs: int, width: int) -> bool:
         return self.bucket(bs) in self.graphs and width <= self.max_pages
@@ -102,18 +114,15 @@ class DecodeGraphRunner(_Buckets):
         return torch.tensor([list(c) + [p] * (b - bs) for c, p in zip(columns, self.pad)], dtype=torch.long), b
 
     @torch.no_grad()
-    def run_host(self, ints: torch.Tensor, table: torch.Tensor, bs: int, future=None):
-        """Replay from host data: ints [ROWS, bucket] (`host_ints`) and table [bucket, width] int32 are copied into
-        the bucket's static inputs (non-blocking copies from pageable memory: staged, no stream synchronisation);
-        negative token ids are future references into `future`, resolved on the device. Returns (the output for
-        the first bs rows, the future-index row)."""
+    def run_host(self, ints: torch.Tensor, table: torch.Tensor, bs: int):
+        """Replay from host data: ints [ROWS, bucket] (`host_ints`; negative token ids are future references) and
+        table [bucket, width] int32 are copied into the bucket's static inputs (non-blocking copies from pageable
+        memory: staged, no stream synchronisation). Returns (the output for the first bs rows, the future-index
+        row)."""
         b = ints.shape[1]
         static = self._ints(b)
         static.copy_(ints, non_blocking=True)
         self.page_table[:b, : table.shape[1]].copy_(table, non_blocking=True)
-        if future is not None:
-            ids = static[0]
-            ids.copy_(torch.where(ids < 0, future[(-ids - 1).clamp_min(0)], ids))
         self.graphs[b].replay()
         out = self.outputs[b]
         return type(out)(out.logits[:bs], out.hidden[:bs], {}), static[5, :bs]

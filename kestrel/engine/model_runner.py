@@ -99,7 +99,7 @@ class ModelRunner:
 
         sizes = self.graph_batch_sizes()
         runner = DecodeGraphRunner(self.model, self.mem, sizes, self.max_pages_per_seq(), self.device,
-                                   future_scratch=self.future_size)
+                                   future=self.future)
         runner.capture()
         log.info("captured decode CUDA graphs for batch sizes %s", sizes)
         return runner
@@ -138,8 +138,7 @@ class ModelRunner:
                 (b.input_ids, b.prefix_lens, b.state_slots, b.out_cache_loc, [p + 1 for p in b.prefix_lens],
                  b.future_idx), B)
             table = torch.tensor(table_rows + [[pad] * width] * (bucket - B), dtype=torch.int32)
-            out, future_idx = self.graphs.run_host(ints, table, B,
-                                                   self.future if min(b.input_ids) < 0 else None)
+            out, future_idx = self.graphs.run_host(ints, table, B)
             return self._sample(b, out, future_idx)
         if b.mode == ForwardMode.DECODE:
             positions = b.prefix_lens
@@ -194,7 +193,8 @@ class ModelRunner:
 
 
 class ForwardThread:
-    """Runs batches one after another on a single thread: the serial forward stream of the overlap scheduler.
+    """Runs batches one after another on a single thread: the serial forward stream of the overlap scheduler on a
+    CPU, where the forward computes (on a GPU the scheduler launches batches from its own thread).
 
     Submission order is execution order, so a restore queued before a forward happens before it, and a forward's
     state writes happen before the next forward's reads, with no locks on the hot path.
