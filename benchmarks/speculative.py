@@ -149,6 +149,7 @@ def main() -> None:
         times = {key: [] for key in sides}
         e2e = {key: [] for key in sides}
         gaps = {key: [] for key in sides}
+        split = {key: [] for key in sides}
         outs = {}
         for _ in range(2):
             for key, kw in sides.items():
@@ -160,6 +161,12 @@ def main() -> None:
                 times[key].append(decode_rate(reqs))
                 e2e[key].append(len(prompts) * args.new_tokens / elapsed)
                 gaps[key].append(statistics.median(prefill_gaps(reqs)) * 1e3)
+                # where the end-to-end time went: decoding, the gaps between requests (the largest apart), and the
+                # rest (the first prefill, anything after the last token)
+                dec = sum(r.finished_at - r.first_token_at for r in reqs)
+                between = prefill_gaps(reqs)
+                split[key].append(f"{elapsed:.3f} s = decode {dec:.3f} + gaps {sum(between):.3f} (largest "
+                                  f"{max(between, default=0.0):.3f}) + rest {elapsed - dec - sum(between):.3f}")
                 outs[key] = [r.output_ids for r in reqs]
                 core.shutdown()
         for key in ("dspark", "dspark+overlap"):
@@ -183,6 +190,8 @@ def main() -> None:
               + "; ".join(f"{k} " + ", ".join(f"{t:.1f}" for t in v) for k, v in e2e.items()) + ")")
         print("   from one request's last token to the next one's first (its prefill), median ms: "
               + "; ".join(f"{k} " + ", ".join(f"{t:.1f}" for t in v) for k, v in gaps.items()))
+        for key, v in split.items():
+            print(f"   {key} timed runs: " + "; ".join(v))
         report["batch1"] = {"plain": plain, "dspark": spec, "speedup": spec / plain, "sides": med,
                             "end_to_end": e2e_med}
         report["batch1_phases_ms"] = phases = step_phases(args, prompts[:4])
