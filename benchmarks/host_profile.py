@@ -37,7 +37,7 @@ def run(core: EngineCore, prompts, new: int) -> tuple[float, int, float]:
             core.step()
             steps += 1
         decode_s += req.finished_at - req.first_token_at
-    return time.perf_counter() - start, steps, len(prompts) * (new - 1) / decode_s
+    return time.perf_counter() - start, steps, len(prompts) * (new - 1) / decode_s if decode_s else 0.0
 
 
 def main() -> None:
@@ -95,21 +95,29 @@ def main() -> None:
 
 
 def kernel_table(core: EngineCore, prompts, args) -> None:
-    """The GPU kernels of a few requests (CUDA-graph replays traced kernel by kernel): launches and time per engine
-    step, heaviest first."""
+    """The GPU kernels of decode steps alone (CUDA-graph replays traced kernel by kernel): the requests profiled once
+    with their tokens and once stopping after the first (the prefills alone), and the difference taken per kernel.
+    Launches and time per decode step, heaviest first."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        _, steps, _ = run(core, prompts, args.new_tokens)
-        torch.cuda.synchronize()
-    agg = {}
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            n, t = agg.get(e.name, (0, 0.0))
-            agg[e.name] = (n + 1, t + e.device_time_total)
+    def kernels(new: int) -> tuple[dict, int]:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            _, steps, _ = run(core, prompts, new)
+            torch.cuda.synchronize()
+        agg = {}
+        for e in prof.events():
+            if e.device_type.name == "CUDA":
+                n, t = agg.get(e.name, (0, 0.0))
+                agg[e.name] = (n + 1, t + e.device_time_total)
+        return agg, steps
+
+    whole, steps = kernels(args.new_tokens)
+    prefill, prefill_steps = kernels(1)
+    steps -= prefill_steps
+    agg = {k: (n - prefill.get(k, (0, 0.0))[0], t - prefill.get(k, (0, 0.0))[1]) for k, (n, t) in whole.items()}
     total_n, total_t = sum(n for n, _ in agg.values()), sum(t for _, t in agg.values())
-    print(f"   GPU kernels: {total_n / steps:.0f} a step, {total_t / steps / 1e3:.3f} ms of kernel time a step; "
-          "heaviest (launches a step, us a step):")
+    print(f"   GPU kernels of decode steps ({steps}, prefills subtracted): {total_n / steps:.0f} a step, "
+          f"{total_t / steps / 1e3:.3f} ms of kernel time a step; heaviest (launches a step, us a step):")
     for name, (n, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[: args.top]:
         print(f"   {n / steps:7.1f} {t / steps:9.1f}  {name[:100]}")
 

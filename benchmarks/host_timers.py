@@ -110,6 +110,7 @@ def decode_run(core: EngineCore, prompts, new: int, totals: dict | None = None) 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="default: the bundled k3-small")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--prompts", type=int, default=4)
@@ -121,7 +122,8 @@ def main() -> None:
     cores, modes = {}, args.modes.split(",")
     for mode in modes:
         kw = {"speculative_algorithm": "dspark"} if mode.startswith("dspark") else {}
-        cores[mode] = EngineCore(ServerArgs(dtype=args.dtype, device=args.device, max_running_requests=1,
+        cores[mode] = EngineCore(ServerArgs(model_path=args.model, dtype=args.dtype, device=args.device,
+                                            max_running_requests=1, skip_tokenizer_init=args.model is not None,
                                             max_total_tokens=1 << 16, disable_overlap_schedule=not mode.endswith("+overlap"), **kw))
     vocab = cores[modes[0]].model.cfg.vocab_size
     prompts = [torch.randint(3, vocab, (32,), generator=gen).tolist() for _ in range(args.prompts)]

@@ -25,17 +25,18 @@ class SamplingState:
     step: int = 0
     counts: dict[int, int] = field(default_factory=dict)
 
-    @property
-    def needs_counts(self) -> bool:
+    def __post_init__(self):
+        # read every step of every request in a batch: worked out once from the (fixed) parameters
         p = self.params
-        return p.frequency_penalty != 0 or p.presence_penalty != 0 or p.repetition_penalty != 1
+        self.needs_counts = p.frequency_penalty != 0 or p.presence_penalty != 0 or p.repetition_penalty != 1
+        self._greedy_no_counts = p.greedy and not self.needs_counts
+        self._hold_until = p.min_new_tokens if self.stop_ids else 0
 
     @property
     def plain_greedy(self) -> bool:
         """Greedy with nothing adjusting this step's logits (no penalty, no stop token held back): the token is the
         plain argmax, which a batch computes in one op (and a speculative step on the device)."""
-        p = self.params
-        return p.greedy and not self.needs_counts and not (self.step < p.min_new_tokens and self.stop_ids)
+        return self._greedy_no_counts and self.step >= self._hold_until
 
     def advance(self, token: int | None) -> None:
         """One token out: the step moves on (and, with penalties, the token is counted: it must be known)."""
@@ -119,14 +120,13 @@ def uniform(st: SamplingState) -> float:
 
 def sample(logits: torch.Tensor, states: list[SamplingState], want_logprobs: bool, top_logprobs_num: int) -> SampleOutput:
     """logits [B, V] -> one token per row. Advances every state by one step."""
-    everyone_plain = not (want_logprobs or top_logprobs_num) and all(st.plain_greedy for st in states)
-    if logits.dtype in (torch.float16, torch.bfloat16) and not everyone_plain:
+    others = [i for i, st in enumerate(states) if not st.plain_greedy]
+    if logits.dtype in (torch.float16, torch.bfloat16) and (others or want_logprobs or top_logprobs_num):
         logits = logits.float()  # (an argmax alone reads the half-precision values as they are: the same token)
     # plain greedy rows (no penalty, nothing held back) take one batched argmax
     tokens = logits.argmax(-1)
-    for i, st in enumerate(states):
-        if st.plain_greedy:
-            continue
+    for i in others:
+        st = states[i]
         if st.params.greedy:
             tokens[i] = adjusted_logits(logits[i], st).argmax()
         else:
@@ -135,9 +135,12 @@ def sample(logits: torch.Tensor, states: list[SamplingState], want_logprobs: boo
     if want_logprobs or top_logprobs_num:
         logprobs, top = token_logprobs(logits, tokens, top_logprobs_num)
     # the tokens stay on the device (the caller reads them back when it needs them) unless a penalty must count them
-    values = tokens.tolist() if any(st.needs_counts for st in states) else [None] * len(states)
-    for st, t in zip(states, values):
-        st.advance(t)
+    if any(states[i].needs_counts for i in others):
+        for st, t in zip(states, tokens.tolist()):
+            st.advance(t)
+    else:
+        for st in states:
+            st.step += 1
     return SampleOutput(tokens, logprobs, top)
 
 

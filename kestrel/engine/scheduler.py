@@ -304,9 +304,10 @@ class Scheduler:
     def _grow(self, r: Req, n: int) -> bool:
         """Give r the pages for n more tokens; False (and no change) when they cannot be had."""
         need = self.mm.pages_needed(r, n)
-        if need and not self.mm.can_alloc(need, 0):
-            return False
-        self.mm.extend(r, n)
+        if need:
+            if not self.mm.can_alloc(need, 0):
+                return False
+            r.pages.extend(self.mm.mem.alloc_pages(need))  # (can_alloc made the room: no second check)
         return True
 
     def _build(self, work: list[tuple[Req, int]]) -> Batch:
