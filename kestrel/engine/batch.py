@@ -5,6 +5,7 @@ into a ForwardBatch on the forward thread. A decode input whose token is not sam
 (`-(index + 1)` into the runner's future-token buffer), resolved on the device right before the forward.
 """
 
+import array
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
@@ -13,6 +14,31 @@ import torch
 from kestrel.engine.request import Req
 from kestrel.engine.sampler import SamplingState
 from kestrel.models.forward_batch import ForwardMode
+
+
+_TYPECODES = {torch.long: "q", torch.int32: "i"}
+
+
+def int_tensor(values: list[int], dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A CPU tensor of a list of Python ints, through an `array` buffer the tensor shares: several times faster
+    than `torch.tensor` on the list (a batch-64 decode step's ~6k integers: ~0.1 against ~0.6 ms on this CPU). A
+    value out of the dtype's range raises OverflowError."""
+    if not values:
+        return torch.empty(0, dtype=dtype)
+    return torch.frombuffer(array.array(_TYPECODES[dtype], values), dtype=dtype)
+
+
+def padded_rows(rows, width: int, pad, n_rows: int | None = None) -> list[int]:
+    """rows (sequences of ints), each padded to `width` with `pad` (one value, or one per row), then rows of pad
+    alone up to n_rows (one pad value only), flattened row-major."""
+    pads = pad if isinstance(pad, (list, tuple)) else [pad] * len(rows)
+    flat: list[int] = []
+    for row, p in zip(rows, pads, strict=True):
+        flat += row
+        flat += [p] * (width - len(row))
+    if n_rows is not None:
+        flat += [pad] * (width * (n_rows - len(rows)))
+    return flat
 
 
 @dataclass

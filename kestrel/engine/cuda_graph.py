@@ -12,6 +12,7 @@ import dataclasses
 
 import torch
 
+from kestrel.engine.batch import int_tensor, padded_rows
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode
 from kestrel.ops.kda import KDAReplay
 
@@ -111,7 +112,7 @@ class DecodeGraphRunner(_Buckets):
     def host_ints(self, columns, bs: int) -> tuple[torch.Tensor, int]:
         """A step's [ROWS, bucket] host integers from its ROWS columns of bs values, padded; and the bucket."""
         b = self.bucket(bs)
-        return torch.tensor([list(c) + [p] * (b - bs) for c, p in zip(columns, self.pad)], dtype=torch.long), b
+        return int_tensor(padded_rows(columns, b, self.pad)).view(len(columns), b), b
 
     @torch.no_grad()
     def run_host(self, ints: torch.Tensor, table: torch.Tensor, bs: int):

@@ -12,7 +12,7 @@ import torch
 
 import kestrel.ops as ops
 from kestrel.config import ServerArgs
-from kestrel.engine.batch import Batch, BatchResult
+from kestrel.engine.batch import Batch, BatchResult, int_tensor, padded_rows
 from kestrel.engine.sampler import sample
 from kestrel.mem.pools import KVPool, Memory, StatePool
 from kestrel.mem.unified import UnifiedMemory, unified_bytes
@@ -116,7 +116,7 @@ class ModelRunner:
         """Host data (a list or a CPU tensor) on the runner's device without waiting for the device. A
         non-blocking copy from pageable memory is staged by the driver before the call returns, with no stream
         synchronisation (pinning each copy's source cost more on the H200's host: `benchmarks/host_copies.py`)."""
-        t = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
+        t = data if isinstance(data, torch.Tensor) else int_tensor(data, dtype)
         return t if self.device.type != "cuda" else t.to(self.device, non_blocking=True)
 
     @torch.inference_mode()
@@ -130,14 +130,13 @@ class ModelRunner:
         B = len(b.reqs)
         width = max(len(row) for row in b.page_table)
         pad = self.mem.scratch_page
-        table_rows = [row + [pad] * (width - len(row)) for row in b.page_table]
         if (b.mode == ForwardMode.DECODE and self.spec is None and self.graphs is not None
                 and self.graphs.serves(B, width) and b.sample_rows == list(range(B)) and b.track is None):
             # the common decode step: the integers straight into the graph's static inputs, two copies
             ints, bucket = self.graphs.host_ints(
                 (b.input_ids, b.prefix_lens, b.state_slots, b.out_cache_loc, [p + 1 for p in b.prefix_lens],
                  b.future_idx), B)
-            table = torch.tensor(table_rows + [[pad] * width] * (bucket - B), dtype=torch.int32)
+            table = int_tensor(padded_rows(b.page_table, width, pad, bucket), torch.int32).view(bucket, width)
             out, future_idx = self.graphs.run_host(ints, table, B)
             return self._sample(b, out, future_idx)
         if b.mode == ForwardMode.DECODE:
@@ -151,8 +150,11 @@ class ModelRunner:
         parts = (b.input_ids, positions, b.out_cache_loc, b.state_slots,
                  [p + n for p, n in zip(b.prefix_lens, b.extend_lens)], [cu[r + 1] - 1 for r in b.sample_rows],
                  b.future_idx, [cu[r + 1] - 1 for r in b.feature_rows] if self.spec is not None else [],
-                 [page for row in table_rows for page in row])
-        flat = self.to_device([x for part in parts for x in part])
+                 padded_rows(b.page_table, width, pad))
+        flat: list[int] = []
+        for part in parts:
+            flat += part
+        flat = self.to_device(flat)
         ids, positions, locs, slots, seq_lens, logits_idx, future_idx, feature_idx, table = flat.split(
             [len(part) for part in parts])
         if min(b.input_ids) < 0:

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch.profiler import record_function
 
-from kestrel.engine.batch import Batch, BatchResult
+from kestrel.engine.batch import Batch, BatchResult, int_tensor, padded_rows
 from kestrel.engine.sampler import token_logprobs
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode
 from kestrel.ops import dspark as dspark_ops
@@ -222,12 +222,10 @@ class SpecWorker:
         ids = b.input_ids if b.reqs else [0] * B
         cols = (ids, keep, b.prefix_lens, b.state_slots, [s[0] for s in snaps], [s[1] for s in snaps],
                 b.verify_future or [self.pad_ints[6]] * B, b.chain_refs or [-1] * B)
-        ints = torch.tensor([list(c) + [p] * pad for c, p in zip(cols, self.pad_ints)], dtype=torch.long)
+        ints = int_tensor(padded_rows(cols, B + pad, self.pad_ints)).view(len(cols), B + pad)
         width = max(len(row) for row in b.page_table)
-        page = mem.scratch_page
-        table = torch.tensor([row + [page] * (width - len(row)) for row in b.page_table] + [[page] * width] * pad,
-                             dtype=torch.int32)
-        return ints, table
+        table = int_tensor(padded_rows(b.page_table, width, mem.scratch_page, B + pad), torch.int32)
+        return ints, table.view(B + pad, width)
 
     def _device_batch(self, ids: torch.Tensor, prefix: torch.Tensor, n: torch.Tensor, table: torch.Tensor,
                       slots: torch.Tensor, L: int) -> ForwardBatch:
