@@ -142,24 +142,21 @@ class KDAMixer(nn.Module):
     def _extend(self, mixed, g, beta, fb):
         conv_state, ssm = fb.mem.conv_state(self.layer_id), fb.mem.ssm_state(self.layer_id)
         slots = fb.state_slots
-        cu, W = fb.cu_seqlens, conv_state.shape[1] + 1
-        w = self.conv_weight()
-        ys, windows = [], []
-        for i, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
-            # a sequence with nothing cached starts from zeros: its slot may hold anything (NaN in tests)
-            tail = conv_state[slots[i]].unsqueeze(0) if fb.prefix_lens[i] > 0 else None
-            y, window = kda_ops.causal_conv1d(mixed[None, a:b], w, tail)
-            ys.append(y[0])
-            windows.append(window[0])
-        q, k, v = self._qkv(torch.cat(ys))
+        cu = fb.cu_seqlens
         has_state = torch.tensor(fb.prefix_lens, device=ssm.device) > 0
+        # a sequence with nothing cached starts from zeros: its slot may hold anything (NaN in tests)
+        tails = torch.where(has_state.view(-1, 1, 1), conv_state[slots], torch.zeros((), dtype=conv_state.dtype,
+                                                                                     device=ssm.device))
+        conv = kda_ops.PackedConvWindows(mixed, cu, self.conv_weight(), tails)
+        q, k, v = self._qkv(conv.y)
         init = torch.where(has_state.view(-1, 1, 1, 1), ssm[slots], torch.zeros((), dtype=ssm.dtype, device=ssm.device))
         tracked = fb.track is not None and any(t is not None for t in fb.track)
         res = kda_ops.chunked(q, k, v, g, beta, cu_seqlens=cu, initial_state=init,
                               start_positions=fb.prefix_lens, output_chunk_states=tracked)
         o, final = res[0], res[1]
-        for i, window in enumerate(windows):
-            conv_state[slots[i]] = window[-(W - 1):]
+        n = len(cu) - 1
+        conv_state[slots] = conv.rows(torch.arange(n, device=ssm.device),
+                                      torch.tensor(fb.extend_lens, device=ssm.device)).to(conv_state.dtype)
         ssm[slots] = final.to(ssm.dtype)
         if tracked:
             for i, t in enumerate(fb.track):
@@ -169,7 +166,8 @@ class KDAMixer(nn.Module):
                 positions, states = res[2][i]
                 at = positions.index(fb.prefix_lens[i] + off)
                 ssm[dst] = states[at].to(ssm.dtype)
-                conv_state[dst] = windows[i][off : off + W - 1]
+                conv_state[dst] = conv.rows(torch.tensor([i], device=ssm.device),
+                                            torch.tensor([off], device=ssm.device))[0].to(conv_state.dtype)
         return o
 
     def _verify(self, mixed, raw_gate, b, fb):

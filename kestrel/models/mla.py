@@ -114,15 +114,57 @@ class MLAMixer(nn.Module):
         back from the cache."""
         if fb.training and fb.equal_lengths and fb.mem is None:
             return self._batched_training(q, latent, fb)
-        outs, cu = [], fb.cu_seqlens
+        cu = fb.cu_seqlens
         buf = fb.mem.kv_buffer(self.layer_id) if fb.mem is not None else None
-        for i, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
-            if fb.mem is None:
-                lat = latent[a:b]
+        # keys per sequence: its cached prefix and new tokens, or only this call's tokens without a cache
+        keys = fb.seq_lens if buf is not None else fb.extend_lens
+        # on the CPU, sequences of similar sizes go through one padded block (a Python loop over a batch of short
+        # prompts cost more than their attention); the GPU runs its attention kernel per sequence
+        groups = ([[i] for i in range(fb.batch_size)] if q.is_cuda
+                  else prefill_groups(fb.extend_lens, keys, self.num_heads))
+        if len(groups) == 1 and len(groups[0]) == 1:
+            return self._one_sequence(q, latent, fb, 0, buf)
+        o = q.new_empty(q.shape[0], self.num_heads, self.v_dim)
+        for group in groups:
+            if len(group) == 1:
+                i = group[0]
+                o[cu[i] : cu[i + 1]] = self._one_sequence(q, latent, fb, i, buf)
             else:
-                lat = mla_ops.gather_latents(buf, fb.page_table[i], fb.prefix_lens[i] + b - a).to(q.dtype)
-            outs.append(self._expanded(q[a:b], lat, fb.prefix_lens[i])[0])
-        return torch.cat(outs)
+                rows, out = self._padded(q, latent, fb, group, keys, buf)
+                o[rows] = out
+        return o
+
+    def _one_sequence(self, q, latent, fb, i: int, buf):
+        a, b = fb.cu_seqlens[i], fb.cu_seqlens[i + 1]
+        if buf is None:
+            lat = latent[a:b]
+        else:
+            lat = mla_ops.gather_latents(buf, fb.page_table[i], fb.prefix_lens[i] + b - a).to(q.dtype)
+        return self._expanded(q[a:b], lat, fb.prefix_lens[i])[0]
+
+    def _padded(self, q, latent, fb, group: list[int], keys: list[int], buf):
+        """The sequences of `group` as one padded block: (the packed rows of their tokens, their outputs)."""
+        dev, H = q.device, self.num_heads
+        ext, pre, key_lens, starts = (torch.tensor([xs[i] for i in group], device=dev)
+                                      for xs in (fb.extend_lens, fb.prefix_lens, keys, fb.cu_seqlens))
+        Lq, S = int(ext.max()), int(key_lens.max())
+        j = torch.arange(Lq, device=dev)[None, :]
+        qrows = starts[:, None] + torch.minimum(j, ext[:, None] - 1)  # padding rows repeat the last token
+        pos = torch.arange(S, device=dev)[None, :]
+        pos = torch.where(pos < key_lens[:, None], pos, 0)  # past a sequence's keys: its first (finite) row
+        if buf is None:
+            lat = latent[starts[:, None] + pos]
+        else:
+            ps = buf.shape[1]
+            pages = fb.page_table[group].long().gather(1, pos // ps)
+            lat = buf[pages, pos % ps].to(q.dtype)  # [n, S, rank + rope]
+        n = len(group)
+        kv = self.kv_b_proj(lat[..., : self.rank]).view(n, S, H, self.nope + self.v_dim)
+        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
+        k = torch.cat([k_nope, lat[:, :, None, self.rank :].expand(n, S, H, self.rope)], dim=-1)
+        out = mla_ops.attention_padded(q[qrows], k, v, self.scale, pre)
+        valid = j < ext[:, None]
+        return qrows[valid], out[valid]
 
     def _kv_b(self) -> tuple[torch.Tensor, torch.Tensor]:
         """kv_b_proj split per head into W_uk [H, nope, rank] and W_uv [H, v_dim, rank]."""
@@ -135,3 +177,25 @@ class MLAMixer(nn.Module):
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
         k = torch.cat([k_nope, lat[:, None, self.rank :].expand(S, H, self.rope)], dim=-1)
         return mla_ops.attention(q, k, v, self.scale, q_offset)
+
+
+def prefill_groups(ext: list[int], keys: list[int], heads: int, cap: int = 1 << 24) -> list[list[int]]:
+    """Sequences (indices) grouped for padded prefill attention: in order of key count, a sequence joins the group
+    being built while the group's padded score block (members x longest query x most keys x heads) stays within
+    1.25x of its members' own blocks and `cap` elements."""
+    groups: list[list[int]] = []
+    cur, real, lq = [], 0, 0
+    for i in sorted(range(len(ext)), key=lambda i: (keys[i], ext[i])):
+        cost = ext[i] * keys[i]
+        if cur:
+            lq_new = max(lq, ext[i])
+            padded = (len(cur) + 1) * lq_new * keys[i]
+            if padded <= 1.25 * (real + cost) and padded * heads <= cap:
+                cur.append(i)
+                real, lq = real + cost, lq_new
+                continue
+            groups.append(cur)
+        cur, real, lq = [i], cost, ext[i]
+    if cur:
+        groups.append(cur)
+    return groups

@@ -96,6 +96,51 @@ def test_packed_batch_equals_each_alone(tiny64):
         off, off2 = off + n, off2 + m
 
 
+def test_padded_prefill_groups_equal_the_reference(tiny64, monkeypatch):
+    """On the CPU, prefill sequences of similar sizes share one padded attention block (NaN-poisoned pages past
+    each sequence's keys must not leak in): every token's logits equal its own full forward."""
+    import kestrel.models.mla as mla
+
+    seen = []
+
+    def recording(*a, **kw):
+        seen.append(groups := mla.prefill_groups.__wrapped__(*a, **kw))
+        return groups
+
+    recording.__wrapped__ = mla.prefill_groups
+    monkeypatch.setattr(mla, "prefill_groups", recording)
+    first, second = [9, 12, 10, 30, 2], [8, 8, 7, 9, 40]
+    seqs_toks = [tokens(a + b + 1, seed=200 + i) for i, (a, b) in enumerate(zip(first, second))]
+    refs = [tiny64.reference_logits(t) for t in seqs_toks]
+    mem = make_mem(tiny64, page_size=4)
+    for buf in mem.kv.buffers.values():
+        buf.fill_(float("nan"))  # every row never written is NaN
+    seqs = [Seq(mem, t) for t in seqs_toks]
+    a = run_batch(tiny64, mem, seqs, first)  # from empty caches
+    b = run_batch(tiny64, mem, seqs, second)  # over cached prefixes of different lengths
+    assert any(len(g) > 1 for groups in seen for g in groups), seen
+    oa = ob = 0
+    for i, (n, m) in enumerate(zip(first, second)):
+        assert rel_err(a[oa : oa + n], refs[i][:n]) < 1e-12
+        assert rel_err(b[ob : ob + m], refs[i][n : n + m]) < 1e-12
+        oa, ob = oa + n, ob + m
+
+
+def test_prefill_groups_cover_every_sequence_once_within_the_padding_bound():
+    from kestrel.models.mla import prefill_groups
+
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(20):
+        n = int(torch.randint(1, 40, (1,), generator=gen))
+        ext = torch.randint(1, 300, (n,), generator=gen).tolist()
+        keys = [e + int(p) for e, p in zip(ext, torch.randint(0, 500, (n,), generator=gen))]
+        groups = prefill_groups(ext, keys, heads=4, cap=1 << 20)
+        assert sorted(i for g in groups for i in g) == list(range(n))
+        for g in groups:
+            padded = len(g) * max(ext[i] for i in g) * max(keys[i] for i in g)
+            assert len(g) == 1 or (padded <= 1.25 * sum(ext[i] * keys[i] for i in g) and padded * 4 <= 1 << 20)
+
+
 def test_snapshot_track_writes_the_state_at_a_grid_point(tiny64):
     """fb.track copies the state after `off` tokens of an extend into another slot (prefix-cache snapshots)."""
     toks = tokens(130, seed=9)

@@ -7,7 +7,7 @@ from kestrel.ops.kda import reference
 from kestrel.ops.kda.reference import beta_from_logits, causal_conv1d, kda_gate, kda_step, l2norm  # noqa: F401
 from kestrel.ops.kda.reference import state_dtype_for  # noqa: F401
 from kestrel.ops.kda.reference import kda_chunked_factored as chunked_factored  # noqa: F401
-from kestrel.ops.kda.reference import KDAReplay  # noqa: F401
+from kestrel.ops.kda.reference import KDAReplay, PackedConvWindows  # noqa: F401
 
 
 def chunked(q, k, v, g, beta, **kw):

