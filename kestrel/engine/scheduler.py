@@ -211,10 +211,25 @@ class Scheduler:
                     reqs, chain = [r for r in reqs if not r.finished], {}
                 return self._build_verify(reqs, chain)
             work = prefill
-        work = [(r, n) for r, n in work if self._grow(r, n)]
+        work = self._grow_all(work)
         if not work:
             return None
         return self._build(work)
+
+    def _grow_all(self, work: list[tuple[Req, int]]) -> list[tuple[Req, int]]:
+        """_grow for every (request, tokens) of a step, keeping those that got their pages: one check and one
+        allocation when all of them fit (the same pages, in the same order, as request by request)."""
+        needs = [self.mm.pages_needed(r, n) for r, n in work]
+        total = sum(needs)
+        if not total:
+            return work
+        if not self.mm.can_alloc(total, 0):
+            return [(r, n) for r, n in work if self._grow(r, n)]
+        pages, at = self.mm.mem.alloc_pages(total), 0
+        for (r, _), need in zip(work, needs):
+            r.pages.extend(pages[at : at + need])
+            at += need
+        return work
 
     def _running_work(self) -> list[tuple[Req, int]]:
         """(request, tokens to feed) for running requests: decodes first, then prefill chunks in arrival order."""
