@@ -80,7 +80,7 @@ def main() -> None:
         events = p.key_averages()
         print(f"== one prefill of {n} tokens under the torch profiler: host-side calls by own CPU time")
         print(events.table(sort_by="self_cpu_time_total", row_limit=args.top))
-        print(f"== the same prefill's kernels by device time")
+        print("== the same prefill's kernels by device time")
         print(events.table(sort_by="self_device_time_total", row_limit=args.top))
         for n in lens:
             with profile(activities=[ProfilerActivity.CUDA]) as p:

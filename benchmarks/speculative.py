@@ -64,6 +64,11 @@ def prefill_gaps(reqs) -> list[float]:
     return [b.first_token_at - a.finished_at for a, b in zip(done, done[1:])]
 
 
+def alloc_retries(device: str) -> int:
+    """cudaMalloc retries after freeing the caching allocator's blocks (each a device-wide synchronisation)."""
+    return torch.cuda.memory_stats().get("num_alloc_retries", 0) if device == "cuda" else 0
+
+
 def decode_rate(reqs) -> float:
     """Decode tok/s from each request's first token to its last (prefill excluded: at batch 1 a prompt's prefill
     weighs on DSpark's few steps far more than on plain decoding's many)."""
@@ -157,7 +162,9 @@ def main() -> None:
                 # warm-up over every prompt: a prefill of a new length may compile a kernel variant (Triton
                 # specialises integer arguments), which must not land in either side's timed run
                 generate(core, prompts, 8)
+                retries = alloc_retries(args.device)
                 reqs, elapsed = generate(core, prompts, args.new_tokens)
+                retries = alloc_retries(args.device) - retries
                 times[key].append(decode_rate(reqs))
                 e2e[key].append(len(prompts) * args.new_tokens / elapsed)
                 gaps[key].append(statistics.median(prefill_gaps(reqs)) * 1e3)
@@ -166,7 +173,8 @@ def main() -> None:
                 dec = sum(r.finished_at - r.first_token_at for r in reqs)
                 between = prefill_gaps(reqs)
                 split[key].append(f"{elapsed:.3f} s = decode {dec:.3f} + gaps {sum(between):.3f} (largest "
-                                  f"{max(between, default=0.0):.3f}) + rest {elapsed - dec - sum(between):.3f}")
+                                  f"{max(between, default=0.0):.3f}) + rest {elapsed - dec - sum(between):.3f}"
+                                  + (f"; caching-allocator retries {retries}" if args.device == "cuda" else ""))
                 outs[key] = [r.output_ids for r in reqs]
                 core.shutdown()
         for key in ("dspark", "dspark+overlap"):

@@ -154,9 +154,7 @@ class KDAMixer(nn.Module):
         res = kda_ops.chunked(q, k, v, g, beta, cu_seqlens=cu, initial_state=init,
                               start_positions=fb.prefix_lens, output_chunk_states=tracked)
         o, final = res[0], res[1]
-        n = len(cu) - 1
-        conv_state[slots] = conv.rows(torch.arange(n, device=ssm.device),
-                                      torch.tensor(fb.extend_lens, device=ssm.device)).to(conv_state.dtype)
+        conv_state[slots] = conv.rows(list(range(len(cu) - 1)), fb.extend_lens).to(conv_state.dtype)
         ssm[slots] = final.to(ssm.dtype)
         if tracked:
             for i, t in enumerate(fb.track):
@@ -166,8 +164,7 @@ class KDAMixer(nn.Module):
                 positions, states = res[2][i]
                 at = positions.index(fb.prefix_lens[i] + off)
                 ssm[dst] = states[at].to(ssm.dtype)
-                conv_state[dst] = conv.rows(torch.tensor([i], device=ssm.device),
-                                            torch.tensor([off], device=ssm.device))[0].to(conv_state.dtype)
+                conv_state[dst] = conv.rows([i], [off])[0].to(conv_state.dtype)
         return o
 
     def _verify(self, mixed, raw_gate, b, fb):

@@ -220,43 +220,47 @@ class PackedConvWindows:
     """The depthwise causal conv + SiLU of packed sequences in one pass (causal_conv1d's arithmetic, tap by tap in
     the same order, without a loop over sequences): x [T, C] packed by cu (N + 1 offsets), each sequence
     continuing from its tail [N, W - 1, C]. `y` [T, C] is the output; `rows(seqs, ends)` the W - 1 inputs before
-    relative position ends[i] of sequence seqs[i] (the conv tail after its first ends[i] tokens; tail rows where
-    that reaches before the sequence's first token)."""
+    relative position ends[k] of sequence seqs[k] (the conv tail after its first ends[k] tokens; tail rows where
+    that reaches before the sequence's first token). Index lists are built on the host (no device synchronisation)."""
 
     def __init__(self, x: torch.Tensor, cu: list[int], weight: torch.Tensor, tails: torch.Tensor):
         T, C = x.shape
         N, W = len(cu) - 1, weight.shape[1]
-        dev = x.device
-        self.W, self.N = W, N
-        self.src = torch.cat([tails.to(x.dtype).reshape(N * (W - 1), C), x])
-        self.starts = torch.tensor(cu[:-1], device=dev)
-        lens = torch.tensor([b - a for a, b in zip(cu[:-1], cu[1:])], device=dev)
-        seq = torch.repeat_interleave(torch.arange(N, device=dev), lens, output_size=T)
-        rel = torch.arange(T, device=dev) - self.starts[seq]
+        self.W, self.N, self.cu = W, N, cu
+        # src = [tail of sequence 1 | ... | tail of sequence N - 1 | tail of sequence 0 | x]
+        self.src = torch.cat([tails[1:].to(x.dtype).reshape((N - 1) * (W - 1), C), tails[0].to(x.dtype), x])
         w = weight.to(x.dtype).t().contiguous()  # tap j's weights w[j] contiguous (a strided column is ~2x slower)
-        # every token's taps as shifted slices of src (rows of the token's own sequence except near its start) ...
+        # every token's taps as shifted slices of src: right for a sequence's own rows, and for the first W - 1
+        # tokens of sequence 0, whose tail sits just before x (so a single sequence needs nothing more) ...
         base = N * (W - 1) - (W - 1)
         y = self.src[base : base + T] * w[0]
         for j in range(1, W):
             y.add_(self.src[base + j : base + j + T] * w[j])
-        # ... and the first W - 1 tokens of each sequence again, through their tail rows (the same sums in order)
-        near = (rel < W - 1).nonzero().view(-1)
-        seq, rel = seq[near], rel[near]
-        fix = self.src.index_select(0, self._index(seq, rel - (W - 1))) * w[0]
-        for j in range(1, W):
-            fix = fix + self.src.index_select(0, self._index(seq, rel - (W - 1) + j)) * w[j]
-        y[near] = fix
+        if N > 1:
+            # ... the first W - 1 tokens of the others again, through their own tail rows (the same sums in order)
+            near = [(i, r) for i in range(1, N) for r in range(min(W - 1, cu[i + 1] - cu[i]))]
+            if near:
+                idx = torch.tensor([cu[i] + r for i, r in near]
+                                   + [self._row(i, r - (W - 1) + j) for j in range(W) for i, r in near],
+                                   device=x.device).view(W + 1, len(near))
+                fix = self.src.index_select(0, idx[1]) * w[0]
+                for j in range(1, W):
+                    fix = fix + self.src.index_select(0, idx[1 + j]) * w[j]
+                y[idx[0]] = fix
         self.y = F.silu(y)
 
-    def _index(self, seq: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-        """Rows of src holding relative position r (>= -(W - 1)) of sequences seq."""
+    def _row(self, i: int, r: int) -> int:
+        """The row of src holding relative position r (>= -(W - 1)) of sequence i."""
         W = self.W
-        return torch.where(r >= 0, self.N * (W - 1) + self.starts[seq] + r, seq * (W - 1) + (W - 1) + r)
+        if r >= 0:
+            return self.N * (W - 1) + self.cu[i] + r
+        return (i - 1 if i else self.N - 1) * (W - 1) + (W - 1) + r
 
-    def rows(self, seqs: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-        """[len(seqs), W - 1, C]: the inputs at relative positions ends[i] - (W - 1) .. ends[i] - 1."""
-        r = ends.view(-1, 1) - (self.W - 1) + torch.arange(self.W - 1, device=ends.device)
-        return self.src[self._index(seqs.view(-1, 1).expand_as(r), r)]
+    def rows(self, seqs: list[int], ends: list[int]) -> torch.Tensor:
+        """[len(seqs), W - 1, C]: the inputs at relative positions ends[k] - (W - 1) .. ends[k] - 1 of seqs[k]."""
+        W = self.W
+        idx = [self._row(i, e - (W - 1) + m) for i, e in zip(seqs, ends) for m in range(W - 1)]
+        return self.src[torch.tensor(idx, device=self.src.device)].view(len(seqs), W - 1, -1)
 
 
 def slot_rows(slots: torch.Tensor):
