@@ -64,6 +64,55 @@ def prefill_gaps(reqs) -> list[float]:
     return [b.first_token_at - a.finished_at for a, b in zip(done, done[1:])]
 
 
+class StallWatch:
+    """Where a timed run's stalls come from: Python's cyclic garbage collections (count, total and longest) and
+    the slowest engine step with its forward modes."""
+
+    def __init__(self, core: EngineCore):
+        self.core, self.gc_s, self.gc_n, self.gc_max, self.slowest = core, 0.0, 0, 0.0, (0.0, "")
+
+    def _gc(self, phase, info):
+        if phase == "start":
+            self._t = time.perf_counter()
+        elif hasattr(self, "_t"):
+            dt = time.perf_counter() - self._t
+            self.gc_s, self.gc_n, self.gc_max = self.gc_s + dt, self.gc_n + 1, max(self.gc_max, dt)
+
+    def __enter__(self):
+        import gc
+
+        gc.callbacks.append(self._gc)
+        step, run = self.core.step, self.core.runner.run
+        modes = []
+
+        def timed_run(b):
+            modes.append(b.mode.name)
+            return run(b)
+
+        def timed_step():
+            modes.clear()
+            t = time.perf_counter()
+            out = step()
+            dt = time.perf_counter() - t
+            if dt > self.slowest[0]:
+                self.slowest = (dt, "+".join(modes) or "no forward")
+            return out
+
+        self.core.step, self.core.runner.run = timed_step, timed_run
+        self._restore = (step, run)
+        return self
+
+    def __exit__(self, *exc):
+        import gc
+
+        gc.callbacks.remove(self._gc)
+        self.core.step, self.core.runner.run = self._restore
+
+    def __str__(self):
+        return (f"gc {self.gc_n}x {self.gc_s:.3f} s (longest {self.gc_max:.3f}); slowest step "
+                f"{self.slowest[0] * 1e3:.1f} ms ({self.slowest[1]})")
+
+
 def alloc_retries(device: str) -> int:
     """cudaMalloc retries after freeing the caching allocator's blocks (each a device-wide synchronisation)."""
     return torch.cuda.memory_stats().get("num_alloc_retries", 0) if device == "cuda" else 0
@@ -163,7 +212,8 @@ def main() -> None:
                 # specialises integer arguments), which must not land in either side's timed run
                 generate(core, prompts, 8)
                 retries = alloc_retries(args.device)
-                reqs, elapsed = generate(core, prompts, args.new_tokens)
+                with StallWatch(core) as watch:
+                    reqs, elapsed = generate(core, prompts, args.new_tokens)
                 retries = alloc_retries(args.device) - retries
                 times[key].append(decode_rate(reqs))
                 e2e[key].append(len(prompts) * args.new_tokens / elapsed)
@@ -174,7 +224,8 @@ def main() -> None:
                 between = prefill_gaps(reqs)
                 split[key].append(f"{elapsed:.3f} s = decode {dec:.3f} + gaps {sum(between):.3f} (largest "
                                   f"{max(between, default=0.0):.3f}) + rest {elapsed - dec - sum(between):.3f}"
-                                  + (f"; caching-allocator retries {retries}" if args.device == "cuda" else ""))
+                                  + (f"; caching-allocator retries {retries}" if args.device == "cuda" else "")
+                                  + f"; {watch}")
                 outs[key] = [r.output_ids for r in reqs]
                 core.shutdown()
         for key in ("dspark", "dspark+overlap"):
