@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+import kestrel.ops as ops
 from kestrel.engine.sampling_params import SamplingParams
 
 _MASK63 = (1 << 63) - 1
@@ -124,7 +125,7 @@ def sample(logits: torch.Tensor, states: list[SamplingState], want_logprobs: boo
     if logits.dtype in (torch.float16, torch.bfloat16) and (others or want_logprobs or top_logprobs_num):
         logits = logits.float()  # (an argmax alone reads the half-precision values as they are: the same token)
     # plain greedy rows (no penalty, nothing held back) take one batched argmax
-    tokens = logits.argmax(-1)
+    tokens = ops.argmax(logits)
     for i in others:
         st = states[i]
         if st.params.greedy:

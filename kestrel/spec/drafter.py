@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+import kestrel.ops as ops
 from kestrel.ops import dspark as dspark_ops
 from kestrel.ops import linear as linear_ops
 from kestrel.ops.dspark.reference import rms
@@ -317,7 +318,7 @@ class DSparkDrafter(nn.Module):
             state = self.correct(slots[:, i], state, token)
             logits = self.logits(state)
             if temperature == 0 and not want_probs:
-                token = logits.argmax(-1)
+                token = ops.argmax(logits)
             else:
                 p = torch.softmax(logits.float() / (temperature or 1.0), -1)  # [B, V]
                 token = p.argmax(-1) if temperature == 0 else torch.multinomial(p, 1, generator=generator)[:, 0]

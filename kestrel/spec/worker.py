@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch.profiler import record_function
 
+import kestrel.ops as ops
 from kestrel.engine.batch import Batch, BatchResult, int_tensor, padded_rows
 from kestrel.engine.sampler import token_logprobs
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode
@@ -139,7 +140,7 @@ class SpecWorker:
             fb = self._device_batch(ids, prefix, n, table, ints[3], L)
             out, graphed = self._target(fb)
             self.window_bytes = sum(rec.nbytes() for rec in fb.replay.values())
-            top = out.logits.argmax(-1).tolist() if any(st.params.greedy for st in b.sampling_states) else None
+            top = ops.argmax(out.logits).tolist() if any(st.params.greedy for st in b.sampling_states) else None
             if drafted is None:
                 drafted = draft.tokens.tolist()
         t_verify = time.perf_counter() - t_verify

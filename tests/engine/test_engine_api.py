@@ -155,3 +155,30 @@ def test_pdl_flag_reaches_the_kernels(tiny64, monkeypatch):
     core = make_core(tiny64, disable_pdl=True)
     assert ops.PDL is False
     core.shutdown()
+
+
+def test_start_up_collects_and_freezes_the_heap(tiny64):
+    """An engine's start collects the garbage of earlier engines (cycles included) and freezes what is alive, so
+    no collection in a step walks the model or frees an old engine; shutdown unfreezes."""
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a  # a cycle: only the cyclic collector frees it
+    gone = weakref.ref(a)
+    del a, b
+    gc.disable()  # no collection between here and the engine's own
+    try:
+        assert gone() is not None
+        core = make_core(tiny64)
+        assert gone() is None and gc.get_freeze_count() > 0
+        params = {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}
+        done = drive(core, [core.make_request([5, 6, 7], params)])
+        assert len(next(iter(done.values())).output_ids) == 3
+        core.shutdown()
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.enable()

@@ -108,3 +108,28 @@ def test_cpu_linear_fast_path_is_the_reference():
     x, w = torch.randn(2, 16, generator=gen).to(torch.bfloat16), torch.randn(8, 16, generator=gen)
     assert linear_ops.linear(x, w).dtype == torch.float32
     assert torch.equal(linear_ops.linear(x, w), linear_ref.linear(x, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_argmax_is_torch_argmax_with_ties_nans_and_infinities(dtype):
+    from kestrel.ops import argmax
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ())))
+    # few distinct values: many ties, where the first index must win
+    x = torch.randint(-3, 4, (37, 301), generator=g).to(dtype)
+    x[3, 17] = x[3, 200] = float("nan")
+    x[5, :] = float("-inf")
+    x[6, 40] = x[6, 9] = float("inf")
+    x[7, 250] = float("nan")
+    x[7, 10] = float("inf")
+    x[8] = -0.0
+    x[8, 100] = 0.0
+    with torch.inference_mode():
+        cases = [x, x[:, ::3], x.t().contiguous().t(), x[4], x[:1]]
+        for c in cases:
+            got = argmax(c)
+            assert got.dtype == torch.long and got.shape == c.shape[:-1]
+            assert torch.equal(got, c.argmax(-1))
+    # and on the fast path, fresh random rows
+    y = torch.randn(64, 4096, generator=g, dtype=dtype)
+    assert torch.equal(argmax(y), y.argmax(-1))

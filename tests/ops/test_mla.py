@@ -51,7 +51,9 @@ def test_paged_gather_and_decode():
     out, lse = ref.mla_decode_paged(q_lat, q_rope, buf, table, torch.tensor([10, 6]), R, 0.3)
     for i, n in enumerate([10, 6]):
         o_i, l_i = ref.mla_absorbed_attention(q_lat[i : i + 1], q_rope[i : i + 1], ref.gather_latents(buf, table[i], n), R, 0.3, n - 1)
-        assert torch.equal(out[i], o_i[0]) and torch.equal(lse[i], l_i[0])
+        # the padded block sums over more (zero-weighted) keys than the sequence's own: the same value up to the
+        # reduction's order, not bit for bit
+        assert rel_err(out[i], o_i[0]) < 1e-13 and rel_err(lse[i], l_i[0]) < 1e-13
 
 
 def test_paged_decode_ignores_garbage_past_the_end():

@@ -5,6 +5,7 @@ formulas; kestrel.ops.dspark.triton fuses each into one kernel."""
 import torch
 import torch.nn.functional as F
 
+import kestrel.ops as ops
 from kestrel.ops import norm as norm_ops
 from kestrel.ops.norm import reference as norm_ref
 
@@ -72,7 +73,7 @@ def accept_greedy(logits: torch.Tensor, drafts: torch.Tensor, keep: torch.Tensor
     reaches it, else 0); rows [B] int64, the logits row of each block's last committed position)."""
     B, G = drafts.shape
     L = logits.shape[0] // B
-    top = logits.argmax(-1).view(B, L)
+    top = ops.argmax(logits).view(B, L)
     steps = torch.arange(L - 1, device=keep.device).view(1, L - 1)
     match = (drafts[:, : L - 1] == top[:, : L - 1]) & (steps < keep.view(B, 1))
     acc = match.long().cumprod(1).sum(1)
