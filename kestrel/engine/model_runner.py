@@ -155,8 +155,11 @@ class ModelRunner:
         for part in parts:
             flat += part
         flat = self.to_device(flat)
-        ids, positions, locs, slots, seq_lens, logits_idx, future_idx, feature_idx, table = flat.split(
+        ids, positions, locs, slots, seq_lens, logits_idx, future_idx, feature_idx, table = flat.split_with_sizes(
             [len(part) for part in parts])
+        table = table.view(B, width)
+        if table.is_cuda:  # the kernels read int32 tables; the reference ops take int64 as it is
+            table = table.to(torch.int32)
         if min(b.input_ids) < 0:
             ids = torch.where(ids < 0, self.future[(-ids - 1).clamp_min(0)], ids)
         # a snapshot of the state at the end of a sequence's extend is a plain copy after the forward; the
@@ -169,7 +172,7 @@ class ModelRunner:
             track = track if any(t is not None for t in track) else None
         fb = ForwardBatch(
             b.mode, ids, positions, b.extend_lens, b.prefix_lens, mem=self.mem,
-            page_table=table.view(B, width).to(torch.int32), out_cache_loc=locs, state_slots=slots, track=track,
+            page_table=table, out_cache_loc=locs, state_slots=slots, track=track,
             logits_indices=logits_idx, seq_lens_t=seq_lens)
         if self.spec is not None:
             fb.capture_layers = self.spec.layers

@@ -46,7 +46,8 @@ class ForwardBatch:
     prefix_lens: list[int]  # tokens already in the cache per sequence
     # None: a stateless forward over whole sequences (the reference and training path)
     mem: MemoryViews | None = None
-    page_table: torch.Tensor | None = None  # [B, max_pages] int32, page ids covering every position < seq_len
+    # [B, max_pages] page ids covering every position < seq_len: int32 (the kernels), int32 or int64 on a CPU
+    page_table: torch.Tensor | None = None
     out_cache_loc: torch.Tensor | None = None  # [T] flat cache slot (page * page_size + offset) per new token
     state_slots: torch.Tensor | None = None  # [B] working KDA state slot per sequence
     # per sequence: (tokens of this extend after which to snapshot, destination slot) or None
