@@ -4,8 +4,8 @@
 
 The loop is the same model and memory pools driven directly (prefill, then one decode forward per token, greedy),
 with no scheduler: at concurrency 1 the engine must be no slower (the scheduler costs ~nothing), at 64 it should
-be >= 20x faster (batching). Each concurrency runs --repeats loop / engine pairs back to back and reports the
-medians. Output tokens per second; prompts are random token ids.
+be >= 20x faster (batching). Each concurrency runs --repeats engine runs, each between two loop runs (its ratio
+is against their mean), and reports the medians. Output tokens per second; prompts are random token ids.
 """
 
 import argparse
@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--loop-requests", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3,
-                    help="loop / engine pairs per concurrency, run back to back; medians reported (this machine's "
+                    help="engine runs per concurrency, each between two loop runs; medians reported (this machine's "
                          "speed drifts by 10-20%% between minutes, so a loop measured once up front misleads)")
     args = ap.parse_args()
     rows = []
@@ -76,10 +76,14 @@ def main() -> None:
             model = engine.core.model
             vocab = model.cfg.vocab_size
             engine_run(engine, prompts(2, vocab), 4)  # warm-up
+            # loop, engine, loop, engine, ..., loop: each engine run against the mean of the loop runs either side
+            # of it, so that a machine speeding up or slowing down over the run biases no ratio
+            loops = [plain_loop(model, prompts(args.loop_requests, vocab), args.new_tokens)]
             pairs = []
             for _ in range(args.repeats):
-                loop = plain_loop(model, prompts(args.loop_requests, vocab), args.new_tokens)
                 tps = engine_run(engine, prompts(max(c * 2, args.loop_requests), vocab), args.new_tokens)
+                loops.append(plain_loop(model, prompts(args.loop_requests, vocab), args.new_tokens))
+                loop = (loops[-2] + loops[-1]) / 2
                 pairs.append((tps, loop, tps / loop))
             engine.shutdown()
             tps, loop, ratio = (statistics.median(p[k] for p in pairs) for k in range(3))

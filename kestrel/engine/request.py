@@ -73,7 +73,13 @@ class Req:
         return self.prompt_ids[i] if i < n else self.output_ids[i - n]
 
     def tokens(self, start: int, end: int) -> list[int]:
-        return [self.token_at(i) for i in range(start, end)]
+        """Tokens start..end-1 (all known: end <= known_len), as a new list."""
+        n = len(self.prompt_ids)
+        if end <= n:
+            return self.prompt_ids[start:end]
+        if start >= n:
+            return self.output_ids[start - n : end - n]
+        return self.prompt_ids[start:] + self.output_ids[: end - n]
 
     @property
     def budget_left(self) -> int:

@@ -272,6 +272,8 @@ class Scheduler:
         return True
 
     def _admit(self, work) -> list[tuple[Req, int]]:
+        if not self.waiting or len(self.running) >= min(self.max_running, self.args.max_running_requests):
+            return []  # (the common decode step: nothing to admit, no page sums to take)
         cache = self.mm.cache
         budget = self.args.chunked_prefill_size - sum(n for r, n in work if r.remaining > 1)
         # pages the running work takes now, plus one step of decode headroom each
@@ -331,9 +333,10 @@ class Scheduler:
         decode_only = all(n == 1 and r.computed_len > 0 for r, n in work)
         for row, (r, n) in enumerate(work):
             start = r.computed_len
-            for i in range(start, start + n):
-                # the pending token is sampled by the batch in flight: a future reference
-                ids.append(r.token_at(i) if i < r.known_len else -(self.future_of[r.rid] + 1))
+            known = max(start, min(start + n, r.known_len))
+            ids += r.tokens(start, known)
+            if known < start + n:  # the pending token is sampled by the batch in flight: a future reference
+                ids += [-(self.future_of[r.rid] + 1)] * (start + n - known)
             ext.append(n)
             pre.append(start)
             restore, tr = mm.cache.movements(r, n, mm)
@@ -357,7 +360,10 @@ class Scheduler:
         # blocks; the moves run first on the forward stream)
         reqs = [r for r, _ in work]
         tables = [mm.mem.page_phys(r.pages) for r in reqs]
-        locs = [t[i // ps] * ps + i % ps for t, p, n in zip(tables, pre, ext) for i in range(p, p + n)]
+        if ps == 1:
+            locs = [loc for t, p, n in zip(tables, pre, ext) for loc in t[p : p + n]]
+        else:
+            locs = [t[i // ps] * ps + i % ps for t, p, n in zip(tables, pre, ext) for i in range(p, p + n)]
         # a snapshot whose slot was freed in this pass (its checkpoint already existed) is not written at all:
         # the slot may already belong to someone else
         live = mm.state.slots.used

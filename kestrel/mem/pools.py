@@ -32,9 +32,15 @@ class FreeList:
         return ids
 
     def free(self, ids) -> None:
+        ids = list(ids)
+        if not self._used.issuperset(ids) or len(set(ids)) != len(ids):  # checked before anything changes
+            seen: set[int] = set()
+            for i in ids:
+                if i not in self._used or i in seen:
+                    raise AssertionError(f"double free or foreign id {i}")
+                seen.add(i)
+        self._used.difference_update(ids)
         for i in ids:
-            assert i in self._used, f"double free or foreign id {i}"
-            self._used.remove(i)
             heapq.heappush(self._free, i)
 
     @property

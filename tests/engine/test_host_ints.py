@@ -29,3 +29,18 @@ def test_padded_rows_equals_nested_padding():
     pads = [rng.randint(100, 200) for _ in rows]  # one pad value per row
     want = [r + [p] * (width - len(r)) for r, p in zip(rows, pads)]
     assert padded_rows([tuple(r) for r in rows], width, pads) == [x for r in want for x in r]
+
+
+def test_req_tokens_are_token_at_over_any_range():
+    import random
+
+    from kestrel.engine.request import Req
+    from kestrel.engine.sampling_params import SamplingParams
+
+    rng = random.Random()
+    for _ in range(200):
+        r = Req("r", [rng.randrange(100) for _ in range(rng.randint(1, 9))], SamplingParams(), 0, 0)
+        r.output_ids = [rng.randrange(100) for _ in range(rng.randint(0, 9))]
+        end = rng.randint(0, r.known_len)
+        start = rng.randint(0, end)
+        assert r.tokens(start, end) == [r.token_at(i) for i in range(start, end)]
