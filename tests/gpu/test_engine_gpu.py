@@ -10,6 +10,10 @@ from kestrel.ops import reference_ops
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
+# pools sized for these tests rather than from the free device memory (mem_fraction_static): with several pytest
+# workers on one GPU, an engine sized from what was free starves the others (a kernel test ran out of memory)
+SMALL_POOLS = dict(max_total_tokens=1 << 15)
+
 
 def reference_greedy(model, prompt, n):
     """Greedy continuation with the full-forward reference (plain torch ops on the same GPU)."""
@@ -30,7 +34,7 @@ def reference_greedy(model, prompt, n):
 def test_engine_on_gpu_matches_the_reference_path(overlap, unified):
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 4096, (int(n),), generator=g).tolist() for n in torch.randint(5, 200, (16,), generator=g)]
-    with Engine("k3-tiny", device="cuda", dtype="float32", skip_tokenizer_init=True, page_size=16,
+    with Engine("k3-tiny", device="cuda", dtype="float32", skip_tokenizer_init=True, page_size=16, **SMALL_POOLS,
                 disable_overlap_schedule=not overlap, enable_unified_memory=unified, cuda_graph_max_bs=32) as engine:
         assert engine.core.runner.graphs is not None
         outs = engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 24, "temperature": 0,
@@ -54,7 +58,8 @@ def test_speculative_greedy_on_gpu_matches_plain_decoding(overlap):
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 2000, (int(n),), generator=g).tolist() for n in torch.randint(5, 120, (12,), generator=g)]
     params = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
-    common = dict(device="cuda", dtype="float32", skip_tokenizer_init=True, disable_overlap_schedule=not overlap)
+    common = dict(device="cuda", dtype="float32", skip_tokenizer_init=True, disable_overlap_schedule=not overlap,
+                  **SMALL_POOLS)
     with Engine(**common) as engine:
         plain = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=params)]
     with Engine(speculative_algorithm="dspark", **common) as engine:
@@ -93,7 +98,7 @@ def test_speculative_step_graph_equals_host_acceptance(dtype):
     for on_device in (True, False):
         # no verify planner: from batch 8 it prunes by measured times, so the two engines' steps would keep
         # different drafts (the same tokens, other accepted counts: this test failed intermittently for that)
-        with Engine(speculative_algorithm="dspark", device="cuda", dtype=dtype, skip_tokenizer_init=True,
+        with Engine(speculative_algorithm="dspark", device="cuda", dtype=dtype, skip_tokenizer_init=True, **SMALL_POOLS,
                     disable_radix_cache=True, max_running_requests=16, disable_verify_planner=True) as engine:
             worker = engine.core.runner.spec
             assert worker.step_graphs is not None and worker.step_graphs.graphs
