@@ -70,7 +70,6 @@ class EngineCore:
         self._finished: list[Req] = []
         freeze_gc()
 
-
     def _make_cache(self):
         if self.args.disable_radix_cache:
             return NoCache()

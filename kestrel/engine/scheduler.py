@@ -272,14 +272,15 @@ class Scheduler:
         return True
 
     def _admit(self, work) -> list[tuple[Req, int]]:
-        if not self.waiting or len(self.running) >= min(self.max_running, self.args.max_running_requests):
+        cap = min(self.max_running, self.args.max_running_requests)
+        if not self.waiting or len(self.running) >= cap:
             return []  # (the common decode step: nothing to admit, no page sums to take)
         cache = self.mm.cache
         budget = self.args.chunked_prefill_size - sum(n for r, n in work if r.remaining > 1)
         # pages the running work takes now, plus one step of decode headroom each
         reserve = sum(self.mm.pages_needed(r, n) for r, n in work) + sum(1 for r, n in work if r.remaining == 1)
         admitted = []
-        while self.waiting and budget > 0 and len(self.running) < min(self.max_running, self.args.max_running_requests):
+        while self.waiting and budget > 0 and len(self.running) < cap:
             r = self.waiting[0]
             cached = cache.match(r, self.mm)
             n = self._chunk(r, budget)
@@ -360,10 +361,7 @@ class Scheduler:
         # blocks; the moves run first on the forward stream)
         reqs = [r for r, _ in work]
         tables = [mm.mem.page_phys(r.pages) for r in reqs]
-        if ps == 1:
-            locs = [loc for t, p, n in zip(tables, pre, ext) for loc in t[p : p + n]]
-        else:
-            locs = [t[i // ps] * ps + i % ps for t, p, n in zip(tables, pre, ext) for i in range(p, p + n)]
+        locs = [t[i // ps] * ps + i % ps for t, p, n in zip(tables, pre, ext) for i in range(p, p + n)]
         # a snapshot whose slot was freed in this pass (its checkpoint already existed) is not written at all:
         # the slot may already belong to someone else
         live = mm.state.slots.used
