@@ -71,10 +71,8 @@ class MLAMixer(nn.Module):
         if fb.mode == ForwardMode.DECODE and fb.mem is not None:
             o = self._decode(q, buf, fb.page_table, fb.seq_lens_tensor())
         elif fb.mode == ForwardMode.VERIFY:
-            # every verify token is a decode query over its own key count, through its block's page-table row
-            B, L = fb.batch_size, fb.extend_lens[0]
-            table = fb.page_table.unsqueeze(1).expand(B, L, fb.page_table.shape[1]).reshape(B * L, -1)
-            o = self._decode(q, buf, table, fb.verify_key_lens())
+            # every verify token is a query over its own key count, through its block's page-table row
+            o = self._decode(q, buf, fb.page_table, fb.verify_key_lens(), verify=True)
         elif (split := fb.split_decode_rows()) is not None:
             # a mixed batch: decode rows in one batched paged decode, prefill rows one sequence at a time
             o = q.new_empty(q.shape[0], self.num_heads, self.v_dim)
@@ -92,12 +90,16 @@ class MLAMixer(nn.Module):
             return self.o_proj.forward_with(pro, late_trigger=True)
         return self.o_proj(o, late_trigger=True)
 
-    def _decode(self, q, buf, page_table, seq_lens):
-        """Absorbed-form attention of one query token per page-table row over its first seq_lens keys."""
+    def _decode(self, q, buf, page_table, seq_lens, verify: bool = False):
+        """Absorbed-form attention of one query token per page-table row over its first seq_lens keys (with
+        verify, of equal blocks of query tokens per row, each over its own key count)."""
         w_uk, w_uv = self._kv_b()
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
         q_lat = mla_ops.head_gemv(q_nope, w_uk.transpose(1, 2))  # [T, H, rank]: q_nope through W_uk^T
-        out_lat, _ = mla_ops.decode_paged(q_lat, q_rope, buf, page_table, seq_lens, self.rank, self.scale)
+        if verify:
+            out_lat = mla_ops.verify_paged(q_lat, q_rope, buf, page_table, seq_lens, self.rank, self.scale)
+        else:
+            out_lat, _ = mla_ops.decode_paged(q_lat, q_rope, buf, page_table, seq_lens, self.rank, self.scale)
         return mla_ops.head_gemv(out_lat.to(q.dtype), w_uv)  # [T, H, v_dim]
 
     def _batched_training(self, q, latent, fb):

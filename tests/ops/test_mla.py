@@ -56,6 +56,29 @@ def test_paged_gather_and_decode():
         assert rel_err(out[i], o_i[0]) < 1e-13 and rel_err(lse[i], l_i[0]) < 1e-13
 
 
+def test_verify_blocks_equal_per_token_decode():
+    """The block form of the verify attention (keys gathered once per block) against the per-token paged decode
+    over the table expanded to one row per token, on fresh random inputs with NaN in every unwritten row."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ())))
+    page_size, R, Dr, H, B, L = 4, 8, 2, 3, 3, 5
+    buf = torch.full((16, page_size, R + Dr), float("nan"), dtype=D64)
+    table = torch.randperm(15, generator=gen)[: B * 4].view(B, 4).to(torch.int32) + 1
+    prefix = torch.randint(1, 10, (B,), generator=gen)
+    n = torch.randint(1, L + 1, (B,), generator=gen)  # real tokens per block; the rest are padding
+    keys = torch.minimum(prefix.view(B, 1) + torch.arange(L), (prefix + n - 1).view(B, 1)) + 1  # [B, L]
+    for b in range(B):  # write exactly the rows some token reads
+        for pos in range(int(keys[b].max())):
+            buf[table[b, pos // page_size], pos % page_size] = torch.randn(R + Dr, generator=gen, dtype=D64)
+    q_lat, q_rope = torch.randn(B * L, H, R, generator=gen, dtype=D64), torch.randn(B * L, H, Dr, generator=gen, dtype=D64)
+    key_lens = keys.view(-1).to(torch.int32)
+    got = ref.mla_verify_paged(q_lat, q_rope, buf, table, key_lens, R, 0.3)
+    want, _ = ref.mla_decode_paged(q_lat, q_rope, buf, table.repeat_interleave(L, 0), key_lens, R, 0.3)
+    assert torch.isfinite(got).all() and rel_err(got, want) < 1e-13
+    # a strided view of the buffer (the unified pool) takes the other gather
+    wide = torch.cat([buf, torch.zeros(16, page_size, 3, dtype=D64)], -1)[..., : R + Dr]
+    assert torch.equal(ref.mla_verify_paged(q_lat, q_rope, wide, table, key_lens, R, 0.3), got)
+
+
 def test_paged_decode_ignores_garbage_past_the_end():
     buf = torch.randn(6, 4, 10, dtype=D64)
     buf[2, 3] = float("nan")  # unwritten rows of a partly filled page

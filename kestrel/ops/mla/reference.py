@@ -114,3 +114,35 @@ def mla_decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_ran
     lse = torch.logsumexp(s, dim=-1)
     out = torch.einsum("bhs,bsr->bhr", torch.exp(s - lse.unsqueeze(-1)), lat[..., :kv_lora_rank])
     return out.to(q_lat.dtype), lse
+
+
+def mla_verify_paged(q_lat, q_rope, kv_buffer, page_table, key_lens, kv_lora_rank: int, scale: float):
+    """Absorbed-form attention of B speculative blocks of L query tokens each (the CPU's verify path): each
+    block's keys are gathered once through its page-table row and every token masked to its own key count, where
+    `mla_decode_paged` over the table expanded per token would gather them L times.
+
+    q_lat [B * L, H, R], q_rope [B * L, H, Dr], kv_buffer [P, page_size, R + Dr], page_table [B, max_pages],
+    key_lens [B * L] (keys each token sees, its own included; >= 1). Returns out_lat [B * L, H, R] (the per-token
+    decode's values up to rounding)."""
+    page_size = kv_buffer.shape[1]
+    B = page_table.shape[0]
+    T, H, R = q_lat.shape
+    L = T // B
+    dt = torch.float64 if q_lat.dtype == torch.float64 else torch.float32
+    s_max = int(page_table.shape[1]) * page_size
+    keys = key_lens.view(B, L)
+    pos = torch.arange(s_max, device=q_lat.device)
+    # as in mla_decode_paged: positions no token of the block reads take the block's first row (finite)
+    p = torch.where(pos[None, :] >= keys.amax(1, keepdim=True), 0, pos[None, :])  # [B, S]
+    pages = page_table.long().gather(1, p // page_size)
+    if kv_buffer.is_contiguous():
+        rows = (pages * page_size + p % page_size).view(-1)
+        lat = kv_buffer.view(-1, kv_buffer.shape[-1]).index_select(0, rows).view(B, s_max, -1)
+    else:
+        lat = kv_buffer[pages, p % page_size]
+    lat = lat.to(dt)  # [B, S, R + Dr]
+    q = torch.cat([q_lat, q_rope], dim=-1).to(dt).view(B, L * H, -1)
+    s = (q @ lat.transpose(1, 2)).view(B, L, H, s_max) * scale
+    s = s.masked_fill((pos.view(1, 1, 1, -1) >= keys.view(B, L, 1, 1)), float("-inf"))
+    out = torch.softmax(s, dim=-1).view(B, L * H, s_max) @ lat[..., :kv_lora_rank]
+    return out.view(T, H, R).to(q_lat.dtype)
