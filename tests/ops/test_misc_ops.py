@@ -1,5 +1,6 @@
 import pytest
 import torch
+import torch.nn.functional as F
 
 from kestrel.ops.attn_res.reference import attn_res
 from kestrel.ops.mxfp4 import reference as mx
@@ -108,6 +109,32 @@ def test_cpu_linear_fast_path_is_the_reference():
     x, w = torch.randn(2, 16, generator=gen).to(torch.bfloat16), torch.randn(8, 16, generator=gen)
     assert linear_ops.linear(x, w).dtype == torch.float32
     assert torch.equal(linear_ops.linear(x, w), linear_ref.linear(x, w))
+
+
+def test_kmajor_gemv_is_the_product_and_follows_the_weight():
+    """A large weight's one-row CPU product through its K-major copy: the product (up to the GEMV's summation
+    order) for fresh random inputs, through the Linear layer (with a residual) and directly; the copy is renewed
+    when the weight changes in place or is replaced, and not used for several rows, small weights or autograd."""
+    from kestrel.models.layers.linear import Linear
+    from kestrel.ops import linear as linear_ops
+
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ())))
+    lin = Linear(256, 1024)  # 1 MiB of fp32: the smallest weight it serves
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(1024, 256, generator=gen))
+    x, add = torch.randn(1, 256, generator=gen), torch.randn(1, 1024, generator=gen)
+    K = linear_ops.KMajorGemv
+    assert K.serves(x, lin.weight.detach()) and not K.serves(torch.randn(2, 256), lin.weight.detach())
+    assert not K.serves(x, torch.randn(512, 256)) and not K.serves(x.double(), lin.weight.detach())
+    assert not K.serves(x, lin.weight)  # grad mode and a trainable weight: autograd's F.linear
+    with torch.no_grad():
+        torch.testing.assert_close(lin(x, add), F.linear(x, lin.weight) + add, rtol=1e-5, atol=1e-5)
+        copy = lin._kmajor._copy
+        lin.weight.mul_(-1)  # in place: the old copy would give the negated product
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight), rtol=1e-5, atol=1e-5)
+        assert lin._kmajor._copy is not copy
+        lin.weight = torch.nn.Parameter(torch.randn(1024, 256, generator=gen))  # replaced
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])

@@ -23,6 +23,10 @@ class Linear(nn.Module):
         if self.bias is not None:
             y = F.linear(x, self.weight, self.bias)
             return y if add is None else y + add
+        if linear_ops.KMajorGemv.serves(x, self.weight):  # a large weight's one-row product on a CPU
+            gemv = self.__dict__.setdefault("_kmajor", linear_ops.KMajorGemv())
+            y = gemv(x, self.weight)
+            return y if add is None else y + add
         return linear_ops.linear(x, self.weight, add, late_trigger)
 
     def forward_with(self, pro: linear_ops.Prologue, add: torch.Tensor | None = None,

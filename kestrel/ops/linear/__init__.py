@@ -54,6 +54,34 @@ def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = Non
               late_trigger=late_trigger).view(shape)
 
 
+# On a CPU a one-row product with a weight this large (bytes) reads a K-major copy of it ([K, N] contiguous): such a
+# weight comes from DRAM (k3-small's working set exceeds the last-level cache), and MKL's GEMV streamed the
+# row-major [N, K] weight at about half the rate of the same product over a K-major copy (4096 x 256 fp32 with a
+# cold cache: 810-1060 us against 420-530 us; below ~1 MB the two were equal). `benchmarks/cpu_gemv.py` times both.
+KMAJOR_MIN_BYTES = 1 << 20
+
+
+class KMajorGemv:
+    """The one-row CPU product x @ weight^T through a K-major copy of `weight`, made on first use and again whenever
+    the weight is replaced or changed in place (its storage or version counter moved). Holds the copy: one per
+    large inference weight (k3-small's lm_head: 4 MB)."""
+
+    def __init__(self):
+        self._copy, self._key = None, None
+
+    @staticmethod
+    def serves(x: torch.Tensor, weight: torch.Tensor) -> bool:
+        return (x.device.type == "cpu" and x.dim() == 2 and x.shape[0] == 1 and x.dtype == weight.dtype
+                and weight.dim() == 2 and weight.numel() * weight.element_size() >= KMAJOR_MIN_BYTES
+                and not (torch.is_grad_enabled() and weight.requires_grad))
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        key = (weight.data_ptr(), weight._version, weight.shape, weight.dtype)
+        if key != self._key:
+            self._copy, self._key = weight.detach().t().contiguous(), key
+        return x @ self._copy
+
+
 @dataclass
 class Prologue:
     """How a linear layer's input is made from the previous op's outputs, so the one-row GEMV can build it itself
