@@ -379,13 +379,15 @@ def kda_verify(x, raw_gate, beta, lens: list[int], conv_weight, conv_state, ssm,
         beta = beta_from_logits(beta, x.dtype)
     B, L, C = x.shape
     H, K, V = ssm.shape[1:]
-    valid = (torch.arange(L, device=x.device)[None, :] < torch.tensor(lens, device=x.device)[:, None])  # [B, L]
     rows = slot_rows(slots)  # consecutive slots are read through a view (nothing here writes them)
     y, _ = causal_conv1d(x, conv_weight, conv_state[rows])
     q, k, v = y.view(B, L, 3, H, -1).unbind(2)
-    q, k = l2norm(q), l2norm(k) * valid[..., None, None].to(y.dtype)
-    g = kda_gate(raw_gate, A_log, dt_bias, lower_bound) * valid[..., None, None]
-    beta = beta * valid[..., None].to(beta.dtype)
+    q, k = l2norm(q), l2norm(k)
+    g = kda_gate(raw_gate, A_log, dt_bias, lower_bound)
+    if min(lens) < L:  # padded steps become exact no-ops (the masks multiply every real step by exactly 1)
+        valid = (torch.arange(L, device=x.device)[None, :] < torch.tensor(lens, device=x.device)[:, None])  # [B, L]
+        k, g = k * valid[..., None, None].to(y.dtype), g * valid[..., None, None]
+        beta = beta * valid[..., None].to(beta.dtype)
     # the closed form, unless the snapshot baseline needs every step's state or the gates are too steep for it
     o = None if snapshot_states else kda_block_outputs(q, k, v, g, beta, ssm[rows], scale)
     states = []
