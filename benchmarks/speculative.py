@@ -1,11 +1,12 @@
 """DSpark speculative decoding with ReplaySSM, all sides in one run.
 
     python benchmarks/speculative.py [--model DIR] [--drafter DIR] [--gamma 7] [--batches 1,4,16,64]
-        [--device cuda --dtype bfloat16] [--out docs/img/speculative.json]
+        [--device cuda --dtype bfloat16] [--stop-at-eos] [--out docs/img/speculative.json]
 
 1. Acceptance: tokens per verify step (accepted drafts + the target's own token) on held-out code and arithmetic
    prompts, greedy.
-2. Batch-1 decode tokens/s with and without speculation (same prompts, same outputs: checked).
+2. Batch-1 decode tokens/s with and without speculation (same prompts, same outputs: checked), every request
+   decoding --new-tokens past EOS, or with --stop-at-eos ending there as served.
 3. Throughput against batch size for no speculation, verify-all and the planner.
 4. Draft-window memory per request, ReplaySSM against the per-step snapshot baseline (measured on the model here;
    and for one KDA layer of k3-mini's head_dim-128 shapes in bf16, scaled by its layer count), and the concurrent
@@ -163,6 +164,9 @@ def main() -> None:
     ap.add_argument("--batches", default="1,4,16,64")
     ap.add_argument("--sections", default="1,2,3,4", help="which of the four parts to run")
     ap.add_argument("--rounds", type=int, default=1, help="section 3: rounds of every side, turn about (medians)")
+    ap.add_argument("--stop-at-eos", action="store_true",
+                    help="section 2: requests stop at EOS, as served (default: every request decodes --new-tokens, "
+                         "past EOS, the figures of earlier runs)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads on a CPU (both sides)")
     ap.add_argument("--dtype", default="float32")
@@ -204,6 +208,7 @@ def main() -> None:
         e2e = {key: [] for key in sides}
         gaps = {key: [] for key in sides}
         split = {key: [] for key in sides}
+        per_step = {key: [] for key in sides if "dspark" in key}
         outs = {}
         for _ in range(2):
             for key, kw in sides.items():
@@ -213,10 +218,13 @@ def main() -> None:
                 generate(core, prompts, 8)
                 retries = alloc_retries(args.device)
                 with StallWatch(core) as watch:
-                    reqs, elapsed = generate(core, prompts, args.new_tokens)
+                    reqs, elapsed = generate(core, prompts, args.new_tokens, ignore_eos=not args.stop_at_eos)
                 retries = alloc_retries(args.device) - retries
                 times[key].append(decode_rate(reqs))
-                e2e[key].append(len(prompts) * args.new_tokens / elapsed)
+                e2e[key].append(sum(len(r.output_ids) for r in reqs) / elapsed)
+                if "dspark" in key:
+                    steps = sum(r.spec_verify_ct for r in reqs)
+                    per_step[key].append((sum(r.spec_accepted for r in reqs) + steps) / steps)
                 gaps[key].append(statistics.median(prefill_gaps(reqs)) * 1e3)
                 # where the end-to-end time went: decoding, the gaps between requests (the largest apart), and the
                 # rest (the first prefill, anything after the last token)
@@ -242,6 +250,9 @@ def main() -> None:
         print(f"   decode: plain {plain:.1f} tok/s, DSpark {spec:.1f} tok/s: x{spec / plain:.2f} (each at its faster "
               f"setting: plain {med['plain']:.1f}, plain+overlap {med['plain+overlap']:.1f}, dspark "
               f"{med['dspark']:.1f}, dspark+overlap {med['dspark+overlap']:.1f}) (rounds: {rounds})")
+        print("   tokens per verify step: " + "; ".join(f"{k} " + ", ".join(f"{t:.2f}" for t in v)
+                                                      for k, v in per_step.items())
+              + (" (stopping at EOS)" if args.stop_at_eos else f" ({args.new_tokens} tokens a request, past EOS)"))
         e2e_med = {k: statistics.median(v) for k, v in e2e.items()}
         e2e_ratio = max(e2e_med["dspark"], e2e_med["dspark+overlap"]) / max(e2e_med["plain"], e2e_med["plain+overlap"])
         print("   end to end (prefill included): " + ", ".join(f"{k} {v:.1f}" for k, v in e2e_med.items())
@@ -252,6 +263,7 @@ def main() -> None:
         for key, v in split.items():
             print(f"   {key} timed runs: " + "; ".join(v))
         report["batch1"] = {"plain": plain, "dspark": spec, "speedup": spec / plain, "sides": med,
+                            "stop_at_eos": args.stop_at_eos, "tokens_per_step": per_step,
                             "end_to_end": e2e_med}
         report["batch1_phases_ms"] = phases = step_phases(args, prompts[:4])
         print("   one speculative step at batch 1, wall ms per verify step: "
