@@ -250,9 +250,8 @@ class DSparkDrafter(nn.Module):
     def logits(self, state: torch.Tensor) -> torch.Tensor:
         h = rms(state, self.cfg.rms_norm_eps, self.out_norm)
         h = h if self.out_proj is None else self.out_proj(h)
-        if linear_ops.KMajorGemv.serves(h, self.lm_head.weight):  # drafting one sequence on a CPU
-            return self.__dict__.setdefault("_kmajor", linear_ops.KMajorGemv())(h, self.lm_head.weight)
-        return self.lm_head(h)
+        y = linear_ops.kmajor_linear(self, h, self.lm_head.weight)  # drafting one sequence on a CPU
+        return self.lm_head(h) if y is None else y
 
     def confidence_logit(self, state: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """[..., D], [..., V] -> [...]; reads detached inputs, so its loss never moves the drafting path."""

@@ -16,9 +16,6 @@ class Linear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
-        # the most bytes this weight can hold (fp64): a plain int that rules out KMajorGemv for most layers before its
-        # test of the tensors, which would otherwise run on every call of every layer
-        self.max_bytes = in_features * out_features * 8
 
     def forward(self, x: torch.Tensor, add: torch.Tensor | None = None, late_trigger: bool = False) -> torch.Tensor:
         """add: a residual summed into the output (in the GEMV's epilogue on GPU); late_trigger: see
@@ -26,9 +23,7 @@ class Linear(nn.Module):
         if self.bias is not None:
             y = F.linear(x, self.weight, self.bias)
             return y if add is None else y + add
-        if self.max_bytes >= linear_ops.KMAJOR_MIN_BYTES and linear_ops.KMajorGemv.serves(x, self.weight):
-            gemv = self.__dict__.setdefault("_kmajor", linear_ops.KMajorGemv())
-            y = gemv(x, self.weight)
+        if (y := linear_ops.kmajor_linear(self, x, self.weight)) is not None:  # a large weight's one-row CPU product
             return y if add is None else y + add
         return linear_ops.linear(x, self.weight, add, late_trigger)
 

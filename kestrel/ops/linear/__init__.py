@@ -71,8 +71,9 @@ class KMajorGemv:
 
     @staticmethod
     def serves(x: torch.Tensor, weight: torch.Tensor) -> bool:
-        return (x.device.type == "cpu" and x.dim() == 2 and x.shape[0] == 1 and x.dtype == weight.dtype
-                and weight.dim() == 2 and weight.numel() * weight.element_size() >= KMAJOR_MIN_BYTES
+        # the size first: it rules out almost every layer, and the test runs on every call of every layer
+        return (weight.numel() * weight.element_size() >= KMAJOR_MIN_BYTES and x.device.type == "cpu"
+                and x.dim() == 2 and x.shape[0] == 1 and x.dtype == weight.dtype and weight.dim() == 2
                 and not (torch.is_grad_enabled() and weight.requires_grad))
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -80,6 +81,16 @@ class KMajorGemv:
         if key != self._key:
             self._copy, self._key = weight.detach().t().contiguous(), key
         return x @ self._copy
+
+
+def kmajor_linear(owner: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """x @ weight^T through `owner`'s KMajorGemv (made on first use) where one serves the call, else None."""
+    if not KMajorGemv.serves(x, weight):
+        return None
+    gemv = owner.__dict__.get("_kmajor")
+    if gemv is None:
+        gemv = owner.__dict__["_kmajor"] = KMajorGemv()
+    return gemv(x, weight)
 
 
 @dataclass
