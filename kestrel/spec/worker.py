@@ -160,8 +160,7 @@ class SpecWorker:
             if graphed and not any(snaps):
                 self.graphs.fold(commit_t)
             else:
-                for layer, rec in fb.replay.items():
-                    kda_ops.fold(rec, r.mem.conv_state(layer), r.mem.ssm_state(layer), fb.state_slots, commit_t, snaps)
+                self._fold(fb, fb.state_slots, commit_t, snaps)
             rows = torch.tensor([i * L + commit[i] - 1 for i in range(B)], device=dev)
             feats = self.drafter.gather_features({l: out.captured[l][rows] for l in self.layers})
             self._publish(ints, r.to_device([a.tokens[-1] for a in results]), commit_t)
@@ -267,6 +266,12 @@ class SpecWorker:
         self.runner.future[at] = tokens.long()
         self.runner.future_commit[at] = commit.long()
 
+    def _fold(self, fb: ForwardBatch, slots: torch.Tensor, commit, snapshots) -> None:
+        """ReplaySSM: commit each block's accepted steps onto its KDA state, every layer of the verify pass."""
+        mem, layers = self.runner.mem, list(fb.replay)
+        kda_ops.fold_layers([fb.replay[l] for l in layers], [mem.conv_state(l) for l in layers],
+                            [mem.ssm_state(l) for l in layers], slots, commit, snapshots)
+
     def _draft(self, feats: torch.Tensor, x0: torch.Tensor, prefix: torch.Tensor, confidence: bool):
         """gamma greedy drafts per request from its features and last committed token, which sits at position
         `prefix` (the drafter does not read it; a test's oracle drafter does)."""
@@ -302,8 +307,7 @@ class SpecWorker:
         out = r.model(fb)
         packed, commit, snap_steps, rows = dspark_ops.accept_greedy(out.logits, draft.tokens, keep, n, snap_n)
         self._publish(ints, packed[:, G], commit)
-        for layer, rec in fb.replay.items():
-            kda_ops.fold(rec, r.mem.conv_state(layer), r.mem.ssm_state(layer), slots, commit, (snap_steps, snap_slot))
+        self._fold(fb, slots, commit, (snap_steps, snap_slot))
         nxt = self.drafter.gather_features({l: out.captured[l][rows] for l in self.layers})
         self.window_bytes = sum(rec.nbytes() for rec in fb.replay.values())  # from shapes: no synchronisation
         self._window_row = self.window_bytes // max(B, 1)

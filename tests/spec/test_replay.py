@@ -55,6 +55,41 @@ def test_fold_equals_plain_recurrence_bit_for_bit(dtype, rollback, slot_layout):
             assert torch.equal(conv[slots[i]], window[i, c : c + 3])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("slot_layout", ["consecutive", "scattered"])
+def test_fold_of_layers_equals_the_fold_of_each_layer(dtype, slot_layout):
+    """kda_fold_layers (one fold over the layers stacked) leaves every layer's conv tails and states bit-equal to
+    folding each layer on its own, on fresh random records with ragged commits; with a snapshot it folds each
+    layer alone (the same bits again, snapshot slots included)."""
+    B, L, H, K, n = 5, 8, 2, 8, 4
+    C = 3 * H * K
+    sdt = ref.state_dtype_for(dtype)
+    rng = random.Random(1)
+    slots = torch.arange(1, B + 1) if slot_layout == "consecutive" else torch.tensor([3, 1, 5, 2, 4])
+    for trial in range(3):
+        gen = torch.Generator().manual_seed(100 + trial)
+        convs = [torch.randn(B + 2, 3, C, generator=gen).to(dtype) for _ in range(n)]
+        ssms = [torch.randn(B + 2, H, K, K, generator=gen).to(sdt) for _ in range(n)]
+        recs = []
+        lens = [rng.randint(1, L) for _ in range(B)]
+        for layer in range(n):
+            x, raw, beta = layer_inputs(B, L, H, K, C, dtype, seed=10 * trial + layer)
+            w = torch.randn(C, 4, generator=gen).to(dtype)
+            A_log, dt_bias = torch.randn(H, generator=gen).to(sdt), torch.randn(H * K, generator=gen).to(sdt)
+            recs.append(ref.kda_verify(x, raw, beta, lens, w, convs[layer], ssms[layer], slots, A_log, dt_bias,
+                                       -5.0, K**-0.5)[1])
+        commit = [rng.randint(1, m) for m in lens]
+        snaps = None if trial < 2 else [None, (commit[1], B + 1), None, None, None]
+        want_c, want_s = [c.clone() for c in convs], [t.clone() for t in ssms]
+        for rec, c, t in zip(recs, want_c, want_s):
+            ref.kda_fold(rec, c, t, slots, commit, snaps)
+        ref.kda_fold_layers(recs, convs, ssms, slots, commit, snaps)
+        for layer in range(n):
+            assert torch.equal(convs[layer], want_c[layer]), (trial, layer)
+            assert torch.equal(ssms[layer], want_s[layer]), (trial, layer)
+        assert not torch.equal(ssms[0], ssms[1])  # the layers' states differ: a mixed-up write-back would show
+
+
 @pytest.mark.parametrize("lower_bound", [-5.0, None])
 def test_verify_outputs_equal_the_token_loop(lower_bound):
     """The verify pass's outputs come from the closed (one WY chunk) form on CPU: equal to the token-by-token

@@ -51,3 +51,16 @@ def fold(rec, conv_state, ssm, slots, commit, snapshots=None) -> None:
         if isinstance(snapshots, tuple):  # device form: (steps [B], slot [B]), steps 0 = none
             snapshots = [None if n <= 0 else (n, s) for n, s in zip(snapshots[0].tolist(), snapshots[1].tolist())]
     return fn(rec, conv_state, ssm, slots, commit, snapshots)
+
+
+def fold_layers(recs, conv_states, ssms, slots, commit, snapshots=None) -> None:
+    """fold for several layers over the same slots and commits: on CUDA one fold kernel a layer (a graph captures
+    them), elsewhere one fold over the layers stacked (reference.kda_fold_layers)."""
+    if recs and kernel(__name__ + ".triton", "kda_fold", recs[0].x) is None:
+        if isinstance(commit, torch.Tensor):
+            commit = commit.tolist()
+        if isinstance(snapshots, tuple):
+            snapshots = [None if n <= 0 else (n, s) for n, s in zip(snapshots[0].tolist(), snapshots[1].tolist())]
+        return reference.kda_fold_layers(recs, conv_states, ssms, slots, commit, snapshots)
+    for rec, conv, ssm in zip(recs, conv_states, ssms, strict=True):
+        fold(rec, conv, ssm, slots, commit, snapshots)

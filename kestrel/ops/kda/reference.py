@@ -473,3 +473,31 @@ def kda_fold(rec: KDAReplay, conv_state, ssm, slots, commit: list[int], snapshot
     for i, snap in enumerate(snapshots):
         if snap is not None:
             conv_state[snap[1]] = window[i, snap[0] : snap[0] + W - 1].to(conv_state.dtype)
+
+
+def kda_fold_layers(recs: list[KDAReplay], conv_states: list[torch.Tensor], ssms: list[torch.Tensor], slots,
+                    commit: list[int], snapshots=None) -> None:
+    """kda_fold for several layers' records over the same slots and commits, as one fold over a batch of layers x
+    sequences: the same kda_update steps on the layers' states stacked (the CPU fold is a few dozen small ops a
+    layer, so one pass instead of one per layer saves most of them). The stacked recurrence is the per-layer one:
+    its elementwise ops are the same, and each [1, K] x [K, V] product of the batched matmul is computed alone
+    (`test_fold_of_layers_equals_the_fold_of_each_layer` checks the bits). With snapshots, the snapshot baseline's
+    records or layers of unequal shapes, each layer is folded on its own."""
+    n = len(recs)
+    same = all(r.x.shape == recs[0].x.shape and r.k is not None and r.k.shape == recs[0].k.shape for r in recs)
+    same = same and len({(c.shape[1:], c.dtype) for c in conv_states}) == 1
+    same = same and len({(t.shape[1:], t.dtype) for t in ssms}) == 1
+    if n < 2 or not same or any(s is not None for s in snapshots or []):
+        for rec, conv, ssm in zip(recs, conv_states, ssms, strict=True):
+            kda_fold(rec, conv, ssm, slots, commit, snapshots)
+        return
+    B = recs[0].x.shape[0]
+    rows = slot_rows(slots)
+    cat = lambda name: torch.cat([getattr(r, name) for r in recs])  # noqa: E731  [n * B, L, ...]
+    rec = KDAReplay(cat("x"), cat("k"), cat("v"), cat("g"), cat("beta"))
+    conv = torch.cat([c[rows] for c in conv_states])  # [n * B, W - 1, C], then the layers' own slots again
+    state = torch.cat([t[rows] for t in ssms])
+    kda_fold(rec, conv, state, torch.arange(n * B), list(commit) * n)
+    for i in range(n):
+        conv_states[i][rows] = conv[i * B : (i + 1) * B]
+        ssms[i][rows] = state[i * B : (i + 1) * B]
