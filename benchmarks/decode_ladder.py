@@ -135,17 +135,17 @@ def ladder(cfg, model, args, log, floor_s):
     eager = from_snapshot(lambda: model(fb))
     graphed = from_snapshot(lambda: runner.run(fb))
     log(f"graph vs eager logits rel err {((graphed - eager).norm() / eager.norm()).item():.2e}")
-    del runner
+    runner = None
     model.fuse_projections()
     stage("eager, + fused projection GEMMs", lambda: model(fb), 10)
     runner = captured()
     stage("CUDA graph, + fused projection GEMMs", lambda: runner.run(fb), 50)
-    del runner
+    runner = None
     linear_ops.GEMV_MAX_M, linear_ops.SMALL_GEMV_MAX_M = gemv, small_gemv
     runner = captured()
     stage("CUDA graph, + Triton GEMV for one-row linears", lambda: runner.run(fb), 50)
     plain = from_snapshot(lambda: runner.run(fb))
-    del runner
+    runner = None
     ops.PDL = pdl
     moe_ops.EARLY_IDS = attn_res_ops.EARLY_SETTLE = False
     variants = {}  # the last stages' graphs, kept for an interleaved comparison
@@ -163,7 +163,7 @@ def ladder(cfg, model, args, log, floor_s):
             launched_plainly = captured()
             ref = from_snapshot(lambda: launched_plainly.run(fb))
             ops.PDL = True
-            del launched_plainly
+            launched_plainly = None
             log(f"{key}: PDL graph bit-equal to the same kernels launched plainly: {torch.equal(out, ref)}")
         same = torch.equal(out, against)
         log(f"{what}: {'bit-equal' if same else f'rel err {((out - against).norm() / against.norm()).item():.2e}'}")
@@ -192,7 +192,7 @@ def ladder(cfg, model, args, log, floor_s):
     linear_ops.FUSE_PAIRS = True
     kept_stage("+ paired MoE tail", "CUDA graph, + MoE up and shared down projections as one GEMV", routed,
                "paired tail vs two GEMVs")
-    # (call 2 of the 2026-12-01 02:47 session, benchmarks/device_run56.sh, also timed the KDA gate's up projection
+    # (call 2 of the 2026-12-01 02:47 session, benchmarks/device/device_run56.sh, also timed the KDA gate's up projection
     # inside the prep kernel, 1.414 against 1.417 ms; the dense FFN's K = 8192 down projection loading whole tiles
     # of two rows, with its activation inside, 1.418, or as its own kernel, 1.416: all within noise, not kept)
     # (call 7 of the 2026-12-01 01:16 session also let the router GEMV's last program, found by an atomic counter,
@@ -203,7 +203,7 @@ def ladder(cfg, model, args, log, floor_s):
     # 1.831 ms: each of its 1604 programs recomputes the settle from L2. Both removed on 2026-12-01, 02:47 session)
     # (call 6 of the 17:25 session also timed the KDA decode kernels reading their inputs and state before the
     # wait, after a late-trigger gate projection: 1.674 against 1.657 ms without; dropped)
-    # (call 1 of the 2026-12-01 01:16 session timed L2 prefetches, benchmarks/device_run47.sh: the router GEMV's
+    # (call 1 of the 2026-12-01 01:16 session timed L2 prefetches, benchmarks/device/device_run47.sh: the router GEMV's
     # last program asking L2 for the chosen experts, 1.391 -> 3.770 ms; the settles asking for their sublayer's
     # other weights, -> 6.777 ms. Reverted: see docs/kernels.md)
     interleaved(variants, fb, log)
@@ -216,7 +216,7 @@ def ladder(cfg, model, args, log, floor_s):
     kernel_breakdown(lambda: model(fb), log)
     ops.PDL = default_pdl
     verify_step(cfg, model, setup, args, log)
-    del setup
+    setup = None
     return rows
 
 
@@ -239,7 +239,7 @@ def verify_step(cfg, model, setup, args, log, block: int = 8):
     t = cuda_time(lambda: runner.run(fb), warmup=2, iters=30)
     log(f"verify step, CUDA graph, batch 1, block {block}: {t * 1e3:.3f} ms")
     kernel_breakdown(lambda: model(fb), log, top=10, label=f"verify block {block}")
-    del runner
+    runner = None
 
 
 def tile_sweep(captured, fb, log):
@@ -330,7 +330,7 @@ def batch_sweep(cfg, model, args, log):
         t = cuda_time(lambda: runner.run(fb), warmup=2, iters=20)
         rows.append((B, t, B / t))
         log(f"batch {B:4d}: {t * 1e3:8.3f} ms/step  {B / t:10.1f} tok/s")
-        del runner, setup
+        runner = setup = None
         gc.collect()
         torch.cuda.empty_cache()
     return rows
@@ -370,7 +370,7 @@ def hf_baseline(cfg, args, log, bw):
     nbytes = active_bytes(m, sub.num_experts_per_token, sub.num_experts) + state_bytes(sub, args.hf_prompt)
     log(f"HF KimiLinear eager decode (Kimi-Linear subset, prompt {args.hf_prompt}): {t * 1e3:.3f} ms/step "
         f"{1 / t:.1f} tok/s; its floor {nbytes / bw * 1e3:.3f} ms -> fraction {nbytes / bw / t:.1%}")
-    del m, cache
+    m = cache = None
     gc.collect()
     torch.cuda.empty_cache()
     return t, nbytes / bw

@@ -283,7 +283,7 @@ def bench_cold(log):
                 row(log, f"gemv cold M={M} tile={tile}", f"{what} {N}x{K}", t, cub, "cuBLAS",
                     f"{N * K * 2 / t / 1e12:.2f} vs {N * K * 2 / cub / 1e12:.2f} TB/s")
             lin_t.TILE = None
-        del ws
+        ws = None
     E, D, I, k = 128, 1024, 512, 8
     act = moe_ref.Activation("situ", 4.0, 25.0)
     sets = []

@@ -6,7 +6,7 @@ dependent launch overlap is gone): its duration, achieved occupancy, DRAM throug
       --launch-count 48 --csv --metrics <durations, DRAM throughput, occupancy, stall reasons> \\
       python3 benchmarks/ncu_decode.py > ncu.csv && python3 benchmarks/ncu_table.py ncu.csv
 
-(benchmarks/device_run51.sh has the metric list. The kernels are launched plainly; the step's first 48 matching
+(benchmarks/device/device_run51.sh has the metric list. The kernels are launched plainly; the step's first 48 matching
 launches cover its first three layers.)
 """
 

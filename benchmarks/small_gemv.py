@@ -97,8 +97,8 @@ def main() -> None:
                 t = turn_about({k: (lambda r=r: r.run(vfb)) for k, r in runners.items()})
                 rows.append((preset, f"verify, batch 1, {args.block} tokens", t["gemv"], t["cublas"]))
                 log(f"{preset} verify {args.block}: gemv {t['gemv'] * 1e3:.3f} ms, cuBLAS {t['cublas'] * 1e3:.3f} ms")
-            del runners, setup
-        del model
+            runners = setup = None
+        model = None
         torch.cuda.empty_cache()
     log("\n| model | step (CUDA graph) | small linears on the GEMV (ms) | on cuBLAS (ms) | speed-up |")
     log("|---|---|---|---|---|")

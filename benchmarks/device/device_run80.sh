@@ -5,4 +5,4 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 s() { echo "== $1 ($(date +%T))"; }
 s tests; timeout -k 5 170 python3 -m pytest -q -p no:cacheprovider --tb=short tests/gpu/test_engine_gpu.py > $OUT/t_e.log 2>&1
 echo "rc=$?"; grep -E "FAILED|ERROR|passed|failed|Error" $OUT/t_e.log | head -20
-bash benchmarks/device_run79.sh
+bash benchmarks/device/device_run79.sh

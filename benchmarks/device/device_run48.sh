@@ -1,7 +1,7 @@
 #!/bin/bash
 # Session of 2026-12-01, 01:16, call 2: the expert kernels' tests (with the up / down tiles split across the wait),
 # then the ladder with the tile sweep (up split 4 / 2, a register cap, down split / rows) and the verify step.
-# (Call 1, benchmarks/device_run47.sh, timed an L2 prefetch from the settle and router kernels; that code was
+# (Call 1, benchmarks/device/device_run47.sh, timed an L2 prefetch from the settle and router kernels; that code was
 # reverted: see docs/kernels.md, session of 2026-12-01.)
 # (The up / down tile-split knobs this call swept were not kept; the tile sweep now times other shapes.)
 export PYTHONPATH=. PYTHONUNBUFFERED=1
