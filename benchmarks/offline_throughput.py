@@ -58,14 +58,17 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--loop-requests", type=int, default=8)
+    ap.add_argument("--chunked-prefill-size", type=int, default=None,
+                    help="the engine's prefill token budget a step (default: the engine's own default)")
     ap.add_argument("--repeats", type=int, default=3,
                     help="engine runs per concurrency, each between two loop runs; medians reported (this machine's "
                          "speed drifts by 10-20%% between minutes, so a loop measured once up front misleads)")
     args = ap.parse_args()
     rows = []
     for name in args.models.split(","):
-        engine_args = dict(dtype="float32", skip_tokenizer_init=True, disable_radix_cache=True,
-                           chunked_prefill_size=8192)
+        engine_args = dict(dtype="float32", skip_tokenizer_init=True, disable_radix_cache=True)
+        if args.chunked_prefill_size:
+            engine_args["chunked_prefill_size"] = args.chunked_prefill_size
         gen = torch.Generator().manual_seed(0)
 
         def prompts(k, vocab):

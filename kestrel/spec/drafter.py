@@ -29,7 +29,7 @@ from torch import nn
 import kestrel.ops as ops
 from kestrel.ops import dspark as dspark_ops
 from kestrel.ops import linear as linear_ops
-from kestrel.ops.dspark.reference import rms
+from kestrel.ops.dspark.reference import rms, rms_rows
 from kestrel.ops.linear import Prologue
 from kestrel.ops.moe import Activation
 
@@ -243,8 +243,7 @@ class DSparkDrafter(nn.Module):
 
     def correct(self, slot: torch.Tensor, prev_state: torch.Tensor, prev_token: torch.Tensor) -> torch.Tensor:
         """Slot output [N, D] corrected by the previous token [N] and corrected state [N, D]."""
-        eps = self.cfg.rms_norm_eps
-        u = torch.cat([rms(slot, eps), rms(prev_state, eps), rms(self.embed_tokens(prev_token), eps)], -1)
+        u = rms_rows([slot, prev_state, self.embed_tokens(prev_token)], self.cfg.rms_norm_eps)
         return slot + self.corr_down(F.silu(self.corr_up(u)))
 
     def logits(self, state: torch.Tensor) -> torch.Tensor:

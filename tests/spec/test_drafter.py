@@ -85,6 +85,24 @@ def test_greedy_drafts_through_the_ops_equal_the_loop(dtype):
             assert torch.equal(layer._draft_forward(x), layer(x))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_correction_norms_in_one_call_equal_a_norm_per_part(dtype):
+    """rms_rows (the correction's three input norms as one call) gives the bits of one norm per part, gradients
+    included (training runs the same correction)."""
+    from kestrel.ops.dspark.reference import rms, rms_rows
+
+    gen = torch.Generator().manual_seed(3)
+    parts = [(torch.randn(5, d, generator=gen) * s).to(dtype).requires_grad_()
+             for d, s in ((24, 0.1), (24, 1.0), (16, 30.0))]  # the embedding may be narrower than the slots
+    got = rms_rows(parts, 1e-5)
+    want = torch.cat([rms(p, 1e-5) for p in parts], -1)
+    assert torch.equal(got, want)
+    g = torch.randn(got.shape, generator=gen).to(dtype)
+    a = torch.autograd.grad(got, parts, g)
+    b = torch.autograd.grad(want, parts, g)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
 def test_block_is_causal_and_correction_reads_previous_tokens():
     d = small_drafter()
     f, last = inputs(d)
