@@ -45,6 +45,22 @@ def test_greedy_speculation_equals_plain_decoding(tiny64, drafter_dir, rollback,
     core.shutdown()
 
 
+def test_greedy_speculation_on_unified_memory_equals_plain_decoding(tiny64, drafter_dir):
+    """The unified pool's state slots are strided views (each slot's layers interleaved in one block): the fold of
+    every layer at once must update them in place like the static pools, through block moves and retraction."""
+    prompts = [BASE[:n] + p for n, p in zip([0, 64, 100, 130] * 4, random_prompts(16, seed=5, lo=1, hi=50))]
+    core = spec_core(tiny64, drafter_dir, page_size=1, enable_unified_memory=True, chunked_prefill_size=48,
+                     max_total_tokens=112, max_state_slots=10, speculative_num_draft_tokens=4)
+    reqs = [core.make_request(p, G) for p in prompts]
+    done = drive(core, reqs, seed=5)
+    for r, p in zip(reqs, prompts):
+        assert done[r.rid].output_ids == greedy_reference(tiny64, p, 12)
+        assert done[r.rid].spec_verify_ct > 0
+    stats = core.scheduler.stats
+    assert stats.cached_tokens > 0 and stats.retractions > 0
+    core.shutdown()
+
+
 def test_trained_like_drafter_accepts_and_planner_keeps_output(tiny64, drafter_dir):
     """A drafter that proposes the target's own next tokens is accepted; the planner (batch >= 8) only trims."""
     prompts = random_prompts(10, seed=3, lo=5, hi=30)
