@@ -30,6 +30,7 @@ from kestrel.models.presets import kimi_linear_subset, preset_config  # noqa: E4
 import kestrel.ops as ops  # noqa: E402
 from kestrel.ops import attn_res as attn_res_ops, linear as linear_ops, mla as mla_ops, moe as moe_ops  # noqa: E402
 from kestrel.ops import reference_ops  # noqa: E402
+from kestrel.ops.kda import triton as kda_triton  # noqa: E402
 
 DT = torch.bfloat16
 
@@ -126,6 +127,8 @@ def ladder(cfg, model, args, log, floor_s):
     mla_ops.FUSED_STORE = mla_ops.FUSED_ABSORB = False
     # the routing as its own launch
     moe_ops.ROUTE_IN_EXPERTS = False
+    # the KDA prep and recurrence kernels wait before reading the state, tail and weights
+    kda_triton.EARLY_STATE = False
     with reference_ops():
         stage("eager, reference ops", lambda: model(fb), 5)
     stage("eager, Triton kernels", lambda: model(fb), 10)
@@ -190,10 +193,13 @@ def ladder(cfg, model, args, log, floor_s):
     routed = kept_stage("+ routing in experts", "CUDA graph, + expert GEMVs choose the experts", absorb,
                         "routing inside the expert kernels vs its own launch")
     linear_ops.FUSE_PAIRS = True
-    kept_stage("+ paired MoE tail", "CUDA graph, + MoE up and shared down projections as one GEMV", routed,
-               "paired tail vs two GEMVs")
-    # (call 2 of the 2026-12-01 02:47 session, benchmarks/device/device_run56.sh, also timed the KDA gate's up projection
-    # inside the prep kernel, 1.414 against 1.417 ms; the dense FFN's K = 8192 down projection loading whole tiles
+    paired = kept_stage("+ paired MoE tail", "CUDA graph, + MoE up and shared down projections as one GEMV", routed,
+                        "paired tail vs two GEMVs")
+    kda_triton.EARLY_STATE = True
+    kept_stage("+ early KDA state", "CUDA graph, + KDA state and conv tail read before the wait", paired,
+               "early KDA state vs waiting first")
+    # (call 2 of the 2026-12-01 02:47 session, benchmarks/device/device_run56.sh, also timed the KDA gate's up
+    # projection inside the prep kernel, 1.414 against 1.417 ms; the dense FFN's K = 8192 down projection loading whole tiles
     # of two rows, with its activation inside, 1.418, or as its own kernel, 1.416: all within noise, not kept)
     # (call 7 of the 2026-12-01 01:16 session also let the router GEMV's last program, found by an atomic counter,
     # choose the experts for the expert kernels to read: 1.395 against 1.371 ms interleaved; its routing added
@@ -207,7 +213,7 @@ def ladder(cfg, model, args, log, floor_s):
     # last program asking L2 for the chosen experts, 1.391 -> 3.770 ms; the settles asking for their sublayer's
     # other weights, -> 6.777 ms. Reverted: see docs/kernels.md)
     interleaved(variants, fb, log)
-    for name in ("+ routing in experts", "+ paired MoE tail"):
+    for name in ("+ paired MoE tail", "+ early KDA state"):
         graph_timeline(lambda: variants[name].run(fb), log, label=name, sequence=range(0, 72))
     variants.clear()  # the graphs go (their memory pools with them)
     if args.tile_sweep:

@@ -76,7 +76,8 @@ def main() -> None:
                 fn(c)
             times[name].append((time.perf_counter() - start) / len(commits) * 1e3)
     a, b = (statistics.median(times[k]) for k in ("per layer", "stacked"))
-    print(f"k3-small shapes, {n} KDA layers, batch {args.batch}, blocks of {args.gamma + 1}, commits 1..{args.gamma + 1}")
+    L = args.gamma + 1
+    print(f"k3-small shapes, {n} KDA layers, batch {args.batch}, blocks of {L}, commits 1..{L}")
     print(f"fold per layer {a:.3f} ms, stacked {b:.3f} ms a step (medians of {args.rounds} rounds): x{a / b:.2f}; "
           f"bit-equal: {same}")
     print("rounds: " + "; ".join(f"{k} " + ", ".join(f"{t:.3f}" for t in v) for k, v in times.items()))

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
 from kestrel.ops import pdl_args
 from kestrel.ops.triton_utils import pdl_prologue
 
@@ -25,28 +27,50 @@ from kestrel.ops.kda.triton_chunk import kda_chunked  # noqa: F401
 # V columns per recurrence program (more programs in flight at small batch)
 RECUR_BV = 32
 
+# The recurrent state and the conv tail a step starts from were written by an earlier step (its decode, or its fold
+# in a speculative step), behind at least one plain launch or graph boundary: the prep and recurrence kernels read
+# them, and their weights, before waiting for the kernel before them (off: after; the decode ladder's "before"
+# stage). A fold inside the same speculative step writes the state only after this step's verify has read it.
+EARLY_STATE = True
+
 
 @triton.jit
-def _conv_window(x_ptr, stride_x, tail_ptr, t, ch, C, W: tl.constexpr, BW: tl.constexpr):
+def _tail_part(tail_ptr, t, ch, C, W: tl.constexpr, BW: tl.constexpr):
+    """The rows of step t's conv window (rows t .. t + W - 1 of [tail (W - 1 rows), x rows]) that lie in the cached
+    tail, as [BW, len(ch)] (zeros elsewhere). The tail was written by an earlier step: it may be read before the
+    kernel waits for its predecessor."""
+    rw = tl.arange(0, BW)
+    idx = t + rw
+    on = (rw < W)[:, None] & (ch < C)[None, :]
+    return tl.load(tail_ptr + idx[:, None] * C + ch[None, :], mask=on & (idx < W - 1)[:, None], other=0.0)
+
+
+@triton.jit
+def _conv_window(x_ptr, stride_x, wt, t, ch, C, W: tl.constexpr, BW: tl.constexpr):
     """The W conv taps of step t for channels ch: rows t .. t + W - 1 of the window [tail (W - 1 rows), x rows],
-    as [BW, len(ch)] (rows past W and channels past C are zero). Step 0 of a decode is the cached tail and the new
-    input."""
+    as [BW, len(ch)] (rows past W and channels past C are zero), from the tail part `wt` (_tail_part) and the
+    inputs. Step 0 of a decode is the cached tail and the new input."""
     rw = tl.arange(0, BW)
     idx = t + rw
     on = (rw < W)[:, None] & (ch < C)[None, :]
     in_tail = (idx < W - 1)[:, None]
-    wt = tl.load(tail_ptr + idx[:, None] * C + ch[None, :], mask=on & in_tail, other=0.0)
     wx = tl.load(x_ptr + (idx - (W - 1))[:, None] * stride_x + ch[None, :], mask=on & (idx >= W - 1)[:, None],
                  other=0.0)
     return tl.where(in_tail, wt, wx)
 
 
 @triton.jit
-def _conv_silu(win, w_ptr, ch, W: tl.constexpr, BW: tl.constexpr, dt: tl.constexpr):
-    """Short conv of one window + SiLU, rounded like the reference (taps summed in order, in the activation
-    dtype); returns fp32 values of dt numbers."""
+def _conv_weights(w_ptr, ch, W: tl.constexpr, BW: tl.constexpr):
+    """The conv taps' weights of channels ch as [BW, len(ch)] (rows past W zero)."""
     rw = tl.arange(0, BW)
-    wt = tl.load(w_ptr + ch[None, :] * W + rw[:, None], mask=rw[:, None] < W, other=0.0)
+    return tl.load(w_ptr + ch[None, :] * W + rw[:, None], mask=rw[:, None] < W, other=0.0)
+
+
+@triton.jit
+def _conv_silu(win, wt, W: tl.constexpr, BW: tl.constexpr, dt: tl.constexpr):
+    """Short conv of one window with its weights (_conv_weights) + SiLU, rounded like the reference (taps summed
+    in order, in the activation dtype); returns fp32 values of dt numbers."""
+    rw = tl.arange(0, BW)
     prod = (win.to(dt).to(tl.float32) * wt.to(tl.float32)).to(dt).to(tl.float32)
     y = tl.sum(tl.where(rw[:, None] == 0, prod, 0.0), 0).to(dt)
     for j in tl.static_range(1, W):
@@ -70,10 +94,10 @@ def _l2norm_round(x, eps, dt: tl.constexpr):
 
 
 @triton.jit
-def _gate(raw_ptr, dtb_ptr, alog_ptr, h, rk, K: tl.constexpr, lower_bound, SAFE_GATE: tl.constexpr):
-    """The fp32 log-decay of one head from its gate-bottleneck row (see reference.kda_gate)."""
-    x = tl.load(raw_ptr + rk).to(tl.float32) + tl.load(dtb_ptr + h * K + rk).to(tl.float32)
-    a = tl.exp(tl.load(alog_ptr + h).to(tl.float32))
+def _gate(raw, dtb, a, lower_bound, SAFE_GATE: tl.constexpr):
+    """The fp32 log-decay of one head from its gate-bottleneck row `raw`, dt bias row `dtb` and exp(A_log) `a`
+    (see reference.kda_gate)."""
+    x = raw.to(tl.float32) + dtb.to(tl.float32)
     if SAFE_GATE:
         return lower_bound * tl.sigmoid(a * x)
     return -a * tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
@@ -92,11 +116,15 @@ def _delta_update(S, k, v, g, beta):
 def _kda_prep_kernel(x_ptr, w_ptr, conv_ptr, slots_ptr, raw_ptr, alog_ptr, dtb_ptr, q_ptr, k_ptr, v_ptr, g_ptr,
                      blog_ptr, beta_ptr, H, stride_xb, stride_conv, stride_blog, lower_bound, scale, L,
                      K: tl.constexpr, V: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, SAFE_GATE: tl.constexpr,
-                     WRITE_TAIL: tl.constexpr, BETA_LOGITS: tl.constexpr, PDL: tl.constexpr):
+                     WRITE_TAIL: tl.constexpr, BETA_LOGITS: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
     """Step t of block b, head h: conv window rows t .. t + W - 1 of [tail, x_b], SiLU, L2 norm, gate. Writes q
     (scaled, fp32), k, v (activation dtype) and g (fp32) of the step; WRITE_TAIL (decode, L = 1) shifts the tail;
-    BETA_LOGITS: beta = sigmoid(logit) (fp32) of the step and head too."""
-    pdl_prologue(PDL)
+    BETA_LOGITS: beta = sigmoid(logit) (fp32) of the step and head too. EARLY (see EARLY_STATE): the tail, the
+    conv weights and the gate's parameters are read before the wait."""
+    if PDL:
+        gdc_launch_dependents()
+        if not EARLY:
+            gdc_wait()
     bt = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     b = bt // L
@@ -106,17 +134,29 @@ def _kda_prep_kernel(x_ptr, w_ptr, conv_ptr, slots_ptr, raw_ptr, alog_ptr, dtb_p
     dt = x_ptr.dtype.element_ty
     rk = tl.arange(0, K)
     rv = tl.arange(0, V)
+    qc, kc, vc = h * K + rk, H * K + h * K + rk, 2 * H * K + h * V + rv
     # slot rows may be strided (the unified pool interleaves every layer's state in one block per slot)
     tail = conv_ptr + slot * stride_conv
-    xb = x_ptr + b * stride_xb  # a block's steps are contiguous rows of C channels
-    qw = _conv_window(xb, C, tail, t, h * K + rk, C, W, BW)
-    kw = _conv_window(xb, C, tail, t, H * K + h * K + rk, C, W, BW)
-    vw = _conv_window(xb, C, tail, t, 2 * H * K + h * V + rv, C, W, BW)
-    q = _l2norm_round(_conv_silu(qw, w_ptr, h * K + rk, W, BW, dt), 1e-6, dt) * scale
-    k = _l2norm_round(_conv_silu(kw, w_ptr, H * K + h * K + rk, W, BW, dt), 1e-6, dt)
-    v = _conv_silu(vw, w_ptr, 2 * H * K + h * V + rv, W, BW, dt)
+    # what no kernel of this step writes (the cached tail, from an earlier step; the weights), read first: with
+    # EARLY, before waiting for the projections (a block's steps are contiguous rows of C channels)
+    qt = _tail_part(tail, t, qc, C, W, BW)
+    kt = _tail_part(tail, t, kc, C, W, BW)
+    vt = _tail_part(tail, t, vc, C, W, BW)
+    qcw, kcw, vcw = _conv_weights(w_ptr, qc, W, BW), _conv_weights(w_ptr, kc, W, BW), _conv_weights(w_ptr, vc, W, BW)
+    dtb = tl.load(dtb_ptr + h * K + rk)
+    a = tl.exp(tl.load(alog_ptr + h).to(tl.float32))
+    if PDL:
+        if EARLY:
+            gdc_wait()
+    xb = x_ptr + b * stride_xb
+    qw = _conv_window(xb, C, qt, t, qc, C, W, BW)
+    kw = _conv_window(xb, C, kt, t, kc, C, W, BW)
+    vw = _conv_window(xb, C, vt, t, vc, C, W, BW)
+    q = _l2norm_round(_conv_silu(qw, qcw, W, BW, dt), 1e-6, dt) * scale
+    k = _l2norm_round(_conv_silu(kw, kcw, W, BW, dt), 1e-6, dt)
+    v = _conv_silu(vw, vcw, W, BW, dt)
     row = bt * H + h
-    g = _gate(raw_ptr + row * K, dtb_ptr, alog_ptr, h, rk, K, lower_bound, SAFE_GATE)
+    g = _gate(tl.load(raw_ptr + row * K + rk), dtb, a, lower_bound, SAFE_GATE)
     tl.store(q_ptr + row * K + rk, q)
     tl.store(k_ptr + row * K + rk, k.to(k_ptr.dtype.element_ty))
     tl.store(v_ptr + row * V + rv, v.to(v_ptr.dtype.element_ty))
@@ -125,20 +165,24 @@ def _kda_prep_kernel(x_ptr, w_ptr, conv_ptr, slots_ptr, raw_ptr, alog_ptr, dtb_p
         tl.store(beta_ptr + row, tl.sigmoid(tl.load(blog_ptr + bt * stride_blog + h).to(tl.float32)))
     if WRITE_TAIL:
         tl.debug_barrier()
-        _store_tail(tail, qw, h * K + rk, C, W, BW)
-        _store_tail(tail, kw, H * K + h * K + rk, C, W, BW)
-        _store_tail(tail, vw, 2 * H * K + h * V + rv, C, W, BW)
+        _store_tail(tail, qw, qc, C, W, BW)
+        _store_tail(tail, kw, kc, C, W, BW)
+        _store_tail(tail, vw, vc, C, W, BW)
 
 
 @triton.jit
 def _kda_recur_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slots_ptr, n_ptr, snap_n_ptr, snap_slot_ptr,
                       H, stride_ssm, L: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
                       ALL_STEPS: tl.constexpr, HAS_OUT: tl.constexpr, WRITE_STATE: tl.constexpr,
-                      HAS_SNAP: tl.constexpr, PDL: tl.constexpr):
+                      HAS_SNAP: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
     """The recurrence of block b, head h, columns [vb * BV, (vb + 1) * BV) over its first n[b] stored steps (all L
     with ALL_STEPS), from its state slot. HAS_OUT writes o per step; WRITE_STATE writes the state back; HAS_SNAP
-    also stores the state after snap_n[b] steps into slot snap_slot[b]."""
-    pdl_prologue(PDL)
+    also stores the state after snap_n[b] steps into slot snap_slot[b]. EARLY (see EARLY_STATE): the state is read
+    before the wait."""
+    if PDL:
+        gdc_launch_dependents()
+        if not EARLY:
+            gdc_wait()
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     vb = tl.program_id(2)
@@ -146,7 +190,12 @@ def _kda_recur_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slot
     rk = tl.arange(0, K)
     rv = vb * BV + tl.arange(0, BV)
     tile = h * K * V + rk[:, None] * V + rv[None, :]
+    # the committed state: written by an earlier step's decode or fold only (never by a kernel of this step before
+    # this one), so with EARLY it is read before the wait
     S = tl.load(ssm_ptr + slot * stride_ssm + tile)
+    if PDL:
+        if EARLY:
+            gdc_wait()
     n = L
     if not ALL_STEPS:
         n = tl.load(n_ptr + b)
@@ -190,12 +239,12 @@ def _kda_tail_kernel(x_ptr, conv_ptr, slots_ptr, n_ptr, snap_n_ptr, snap_slot_pt
     tail = conv_ptr + slot * stride_conv
     xb = x_ptr + b * L * C
     if n > 0:
-        win = _conv_window(xb, C, tail, n - 1, ch, C, W, BW)
+        win = _conv_window(xb, C, _tail_part(tail, n - 1, ch, C, W, BW), n - 1, ch, C, W, BW)
         if HAS_SNAP:
             snap_n = tl.load(snap_n_ptr + b)
             if snap_n > 0:
                 dst = tl.load(snap_slot_ptr + b).to(tl.int64)
-                swin = _conv_window(xb, C, tail, snap_n - 1, ch, C, W, BW)
+                swin = _conv_window(xb, C, _tail_part(tail, snap_n - 1, ch, C, W, BW), snap_n - 1, ch, C, W, BW)
                 _store_tail(conv_ptr + dst * stride_conv, swin, ch, C, W, BW)
         tl.debug_barrier()
         _store_tail(tail, win, ch, C, W, BW)
@@ -238,7 +287,7 @@ def _launch_prep(x, conv_weight, conv_state, slots, raw_gate, A_log, dt_bias, lo
             conv_state.stride(0), beta_logits.stride(0) if beta is not None else 0,
             0.0 if lower_bound is None else float(lower_bound), float(scale), L=L, K=K, V=V, W=W,
             BW=triton.next_power_of_2(W), SAFE_GATE=lower_bound is not None, WRITE_TAIL=write_tail,
-            BETA_LOGITS=beta is not None, num_warps=4, **pdl_args(x))
+            BETA_LOGITS=beta is not None, EARLY=EARLY_STATE, num_warps=4, **pdl_args(x))
     return q, k, v, g, beta
 
 
@@ -262,7 +311,7 @@ def _launch_recur(q, k, v, g, beta, o, ssm, slots, n, snaps, write_state: bool):
             q if q is not None else k, k, v, g, beta, o if o is not None else v, ssm, slots,
             n if n is not None else slots, snap_n, snap_slot, H, ssm.stride(0), L=L, K=K, V=V, BV=BV,
             ALL_STEPS=n is None, HAS_OUT=o is not None, WRITE_STATE=write_state, HAS_SNAP=snaps is not None,
-            num_warps=4, **pdl_args(k))
+            EARLY=EARLY_STATE, num_warps=4, **pdl_args(k))
 
 
 def kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale,
