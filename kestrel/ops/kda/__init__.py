@@ -44,12 +44,9 @@ def fold(rec, conv_state, ssm, slots, commit, snapshots=None) -> None:
     """ReplaySSM: commit the first commit[i] verify steps of each block onto its state (see reference.kda_fold).
     commit: a list or a device tensor; snapshots: per block None or (steps, slot), or the device form, a pair of
     int tensors (steps [B], slot [B]) where 0 steps takes none (a CUDA graph's fold decides them on the device)."""
-    fn = kernel(__name__ + ".triton", "kda_fold", rec.x) or reference.kda_fold
-    if fn is reference.kda_fold:
-        if isinstance(commit, torch.Tensor):
-            commit = commit.tolist()
-        if isinstance(snapshots, tuple):  # device form: (steps [B], slot [B]), steps 0 = none
-            snapshots = [None if n <= 0 else (n, s) for n, s in zip(snapshots[0].tolist(), snapshots[1].tolist())]
+    fn = kernel(__name__ + ".triton", "kda_fold", rec.x)
+    if fn is None:
+        return reference.kda_fold(rec, conv_state, ssm, slots, *_host_form(commit, snapshots))
     return fn(rec, conv_state, ssm, slots, commit, snapshots)
 
 
@@ -57,10 +54,16 @@ def fold_layers(recs, conv_states, ssms, slots, commit, snapshots=None) -> None:
     """fold for several layers over the same slots and commits: on CUDA one fold kernel a layer (a graph captures
     them), elsewhere one fold over the layers stacked (reference.kda_fold_layers)."""
     if recs and kernel(__name__ + ".triton", "kda_fold", recs[0].x) is None:
-        if isinstance(commit, torch.Tensor):
-            commit = commit.tolist()
-        if isinstance(snapshots, tuple):
-            snapshots = [None if n <= 0 else (n, s) for n, s in zip(snapshots[0].tolist(), snapshots[1].tolist())]
-        return reference.kda_fold_layers(recs, conv_states, ssms, slots, commit, snapshots)
+        return reference.kda_fold_layers(recs, conv_states, ssms, slots, *_host_form(commit, snapshots))
     for rec, conv, ssm in zip(recs, conv_states, ssms, strict=True):
         fold(rec, conv, ssm, slots, commit, snapshots)
+
+
+def _host_form(commit, snapshots):
+    """(commit list, snapshots list) for the reference fold from a device tensor and the device form of snapshots,
+    (steps [B], slot [B]) with steps 0 = none."""
+    if isinstance(commit, torch.Tensor):
+        commit = commit.tolist()
+    if isinstance(snapshots, tuple):
+        snapshots = [None if n <= 0 else (n, s) for n, s in zip(snapshots[0].tolist(), snapshots[1].tolist())]
+    return commit, snapshots
