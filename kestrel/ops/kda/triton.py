@@ -16,7 +16,6 @@ dtype, q and k cast back after the L2 norm).
 import torch
 import triton
 import triton.language as tl
-
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kestrel.ops import pdl_args
