@@ -22,6 +22,24 @@ def cuda_time(fn, warmup: int = 3, iters: int = 20) -> float:
     return statistics.median(times)
 
 
+def back_to_back(fn, steps: int, rounds: int = 5) -> float:
+    """Median over rounds of (seconds for `steps` calls of fn issued without waiting) / steps: a CUDA graph's
+    step as the device runs it when the host keeps ahead (the engine's overlapped steady state), where cuda_time
+    also counts the host's issue of each call."""
+    out = []
+    for _ in range(rounds):
+        fn()
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(steps):
+            fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) / 1e3 / steps)
+    return statistics.median(out)
+
+
 def hot_loop_us(fn, calls: int = 200, rounds: int = 7, warmup: int = 10) -> list[float]:
     """Mean microseconds per call of fn in each of `rounds` back-to-back loops of `calls` (host clock, no sync)."""
     for _ in range(warmup):

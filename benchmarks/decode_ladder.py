@@ -20,7 +20,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import Log, copy_bandwidth, cuda_events, cuda_time, kernel_breakdown, stamp  # noqa: E402
+from benchmarks.common import Log, back_to_back, copy_bandwidth, cuda_events, cuda_time, kernel_breakdown, stamp  # noqa: E402
 from kestrel.models.presets import init_random  # noqa: E402
 from kestrel.engine.cuda_graph import DecodeGraphRunner  # noqa: E402
 from kestrel.mem.pools import KVPool, Memory, StatePool  # noqa: E402
@@ -213,6 +213,12 @@ def ladder(cfg, model, args, log, floor_s):
     # last program asking L2 for the chosen experts, 1.391 -> 3.770 ms; the settles asking for their sublayer's
     # other weights, -> 6.777 ms. Reverted: see docs/kernels.md)
     interleaved(variants, fb, log)
+    # the stages above count the host's issue of each step (cuda_time waits for every step before the next); the
+    # engine's overlap scheduler issues step n + 1 while the device runs step n
+    last = variants["+ early KDA state"]
+    t = back_to_back(lambda: last.run(fb), 50)
+    log(f"last stage back to back (the engine's steady state): {t * 1e3:.3f} ms/step {1 / t:.1f} tok/s  "
+        f"floor fraction {floor_s / t:.1%}")
     for name in ("+ paired MoE tail", "+ early KDA state"):
         graph_timeline(lambda: variants[name].run(fb), log, label=name, sequence=range(0, 72))
     variants.clear()  # the graphs go (their memory pools with them)
@@ -328,6 +334,7 @@ def graph_timeline(run, log, steps: int = 5, top: int = 20, label: str = "graph"
 def batch_sweep(cfg, model, args, log):
     rows = []
     sizes = [int(b) for b in args.batches.split(",")]
+    timelines = {int(b) for b in args.timeline_batches.split(",") if b}
     for B in sizes:
         setup = DecodeSetup(cfg, B, args.ctx, args.page_size)
         fb = setup.batch_fb()
@@ -336,6 +343,8 @@ def batch_sweep(cfg, model, args, log):
         t = cuda_time(lambda: runner.run(fb), warmup=2, iters=20)
         rows.append((B, t, B / t))
         log(f"batch {B:4d}: {t * 1e3:8.3f} ms/step  {B / t:10.1f} tok/s")
+        if B in timelines:
+            graph_timeline(lambda: runner.run(fb), log, label=f"batch {B}", top=args.timeline_top)
         runner = setup = None
         gc.collect()
         torch.cuda.empty_cache()
@@ -393,6 +402,11 @@ def main():
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--skip-pdl", action="store_true", help="no programmatic-dependent-launch stage")
     ap.add_argument("--tile-sweep", action="store_true", help="time the final graph with other GEMV tiles")
+    ap.add_argument("--skip-ladder", action="store_true",
+                    help="no stages: only the sweep (and the HF baseline) with the engine's default kernels")
+    ap.add_argument("--timeline-batches", default="",
+                    help="sweep batch sizes whose graphed step also gets a timeline (charged time by kernel)")
+    ap.add_argument("--timeline-top", type=int, default=20, help="kernels listed per timeline")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     log = Log(os.path.join(args.out, "decode_ladder.log") if args.out else None)
@@ -408,7 +422,9 @@ def main():
     floor_s = nbytes / bw
     log(f"{args.preset}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f} B params; batch-1 step moves "
         f"{nbytes / 1e9:.3f} GB -> floor {floor_s * 1e3:.3f} ms ({1 / floor_s:.0f} tok/s), ctx {args.ctx}")
-    rows = ladder(cfg, model, args, log, floor_s)
+    rows = [] if args.skip_ladder else ladder(cfg, model, args, log, floor_s)
+    if args.skip_ladder:
+        model.fuse_projections()  # the engine's inference form (the ladder fuses them on the way)
     # the sweep's graphs as the engine captures them: programmatic dependent launch on unless --skip-pdl (until the
     # 2026-12-01 01:16 session the sweep ran after the ladder had turned it off again: plain launches)
     ops.PDL = not args.skip_pdl

@@ -455,8 +455,8 @@ def test_linear_pair(dtype, M, kb):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the dispatcher serves CUDA tensors only")
 def test_linear_dispatch_rows_by_weight_size():
-    """The dispatcher: one row on the GEMV for any weight; up to eight rows for a small (launch-bound) weight; a
-    large weight's eight rows on cuBLAS."""
+    """The dispatcher: up to GEMV_MAX_M (two) rows on the GEMV for any weight; up to eight rows for a small
+    (launch-bound) weight; a large weight's eight rows on cuBLAS."""
     from kestrel.ops import linear as L
     from kestrel.ops.linear import reference as R, triton as K
     x = rnd(8, 256, dtype=torch.bfloat16)
@@ -465,6 +465,8 @@ def test_linear_dispatch_rows_by_weight_size():
     assert torch.equal(L.linear(x, small), K.linear(x, small))
     assert torch.equal(L.linear(x, large), R.linear(x, large))
     assert torch.equal(L.linear(x[:1], large), K.linear(x[:1], large))
+    assert L.GEMV_MAX_M == 2 and torch.equal(L.linear(x[:2], large), K.linear(x[:2], large))
+    assert torch.equal(L.linear(x[:3], large), R.linear(x[:3], large))
     x9 = rnd(9, 256, dtype=torch.bfloat16)
     assert torch.equal(L.linear(x9, small), R.linear(x9, small))
 
