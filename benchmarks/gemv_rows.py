@@ -24,6 +24,7 @@ from kestrel.engine.cuda_graph import DecodeGraphRunner  # noqa: E402
 from kestrel.models.presets import preset_config  # noqa: E402
 import kestrel.ops as ops  # noqa: E402
 from kestrel.ops import linear as linear_ops  # noqa: E402
+from kestrel.ops.linear import triton as linear_triton  # noqa: E402
 
 
 @torch.no_grad()
@@ -31,7 +32,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="k3-mini")
     ap.add_argument("--batches", default="2,4,8")
-    ap.add_argument("--rows", default="1,2,4,8", help="GEMV_MAX_M values (1: the large weights on cuBLAS)")
+    ap.add_argument("--rows", default="1,2,4,8",
+                    help="GEMV_MAX_M values (1: the large weights on cuBLAS; first: the baseline); a trailing g also sets "
+                         "linear.triton.ROW_GRID_LARGE_MAX_M (each row in its own programs)")
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=6)
@@ -43,7 +46,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = build_model(cfg)
     model.fuse_projections()
-    default = linear_ops.GEMV_MAX_M
+    default, default_grid = linear_ops.GEMV_MAX_M, linear_triton.ROW_GRID_LARGE_MAX_M
     table = []
     for B in map(int, args.batches.split(",")):
         setup = DecodeSetup(cfg, B, args.ctx, args.page_size)
@@ -51,22 +54,24 @@ def main() -> None:
         states = list(setup.st.ssm.values()) + list(setup.st.conv.values())
         snap = [t.clone() for t in states]
         runners, logits = {}, {}
-        for m in map(int, args.rows.split(",")):
+        for key in args.rows.split(","):
+            m, grid = int(key.rstrip("g")), key.endswith("g")
             if m > 1 and m < B:
                 continue  # the same graph as cuBLAS
             linear_ops.GEMV_MAX_M = m
-            r = runners[m] = DecodeGraphRunner(model, setup.mem, batch_sizes=(B,),
-                                               max_pages_per_seq=setup.page_table.shape[1])
+            linear_triton.ROW_GRID_LARGE_MAX_M = m if grid else 0
+            r = runners[key] = DecodeGraphRunner(model, setup.mem, batch_sizes=(B,),
+                                                 max_pages_per_seq=setup.page_table.shape[1])
             r.capture()
             for t, s in zip(states, snap):
                 t.copy_(s)
-            logits[m] = r.run(fb).logits.float().clone()
-        linear_ops.GEMV_MAX_M = default
+            logits[key] = r.run(fb).logits.float().clone()
+        linear_ops.GEMV_MAX_M, linear_triton.ROW_GRID_LARGE_MAX_M = default, default_grid
         times = {m: [] for m in runners}
         for _ in range(args.rounds):
             for m, r in runners.items():
                 times[m].append(back_to_back(lambda: r.run(fb), args.steps, rounds=1))
-        base = min(runners)
+        base = next(iter(runners))
         for m in runners:
             t = statistics.median(times[m])
             err = ((logits[m] - logits[base]).norm() / logits[base].norm()).item()

@@ -455,8 +455,8 @@ def test_linear_pair(dtype, M, kb):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the dispatcher serves CUDA tensors only")
 def test_linear_dispatch_rows_by_weight_size():
-    """The dispatcher: up to GEMV_MAX_M (two) rows on the GEMV for any weight; up to eight rows for a small
-    (launch-bound) weight; a large weight's eight rows on cuBLAS."""
+    """The dispatcher: up to GEMV_MAX_M (four) rows on the GEMV for any weight; up to eight rows for a small
+    (launch-bound) weight; a large weight's five or eight rows on cuBLAS."""
     from kestrel.ops import linear as L
     from kestrel.ops.linear import reference as R, triton as K
     x = rnd(8, 256, dtype=torch.bfloat16)
@@ -465,8 +465,10 @@ def test_linear_dispatch_rows_by_weight_size():
     assert torch.equal(L.linear(x, small), K.linear(x, small))
     assert torch.equal(L.linear(x, large), R.linear(x, large))
     assert torch.equal(L.linear(x[:1], large), K.linear(x[:1], large))
-    assert L.GEMV_MAX_M == 2 and torch.equal(L.linear(x[:2], large), K.linear(x[:2], large))
-    assert torch.equal(L.linear(x[:3], large), R.linear(x[:3], large))
+    assert L.GEMV_MAX_M == 4
+    for m in (2, 4):
+        assert torch.equal(L.linear(x[:m], large), K.linear(x[:m], large))
+    assert torch.equal(L.linear(x[:5], large), R.linear(x[:5], large))
     x9 = rnd(9, 256, dtype=torch.bfloat16)
     assert torch.equal(L.linear(x9, small), R.linear(x9, small))
 
@@ -525,6 +527,36 @@ def test_dspark_correction(dtype):
     assert torch.equal(R.decode(keys), R.decode(R.head_keys(h, emb))) or dtype == torch.bfloat16
     # the next position's kernel reads the keys: the same as reading their ids
     assert torch.equal(K.correct_up(slot, state, keys, emb, w, 1e-5), K.correct_up(slot, state, got, emb, w, 1e-5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [2, 4])
+def test_linear_row_grid_for_large_weights(dtype, M, monkeypatch):
+    """A large weight's rows in programs of their own (the rows on grid axis 0): every row bit-equal to a one-row
+    launch, for the GEMV with and without a prologue and for the pair; against torch within rounding."""
+    from kestrel.ops.linear import Prologue, triton as K
+    from kestrel.ops.moe import Activation
+    from kestrel.ops.moe import triton as MK
+    from kestrel.ops.norm import triton as NK
+    monkeypatch.setattr(K, "ROW_GRID_LARGE_MAX_M", 8)
+    N, Kd = (40, 96) if SMALL else (3000, 1024)
+    x, w = rnd(M, Kd, dtype=dtype), rnd(N, Kd, dtype=dtype, scale=Kd**-0.5)
+    assert SMALL or K._row_grid(M, w) == 2
+    y = K.linear(x, w)
+    assert rel(y, torch.nn.functional.linear(x.float(), w.float())) < TOL[dtype]
+    buf = rnd(M, 3 * Kd, dtype=dtype)
+    a, b = buf[:, :Kd], buf[:, 2 * Kd :]
+    nw, act = rnd(Kd, dtype=dtype), Activation("situ", 4.0, 25.0)
+    pro_a = Prologue("rms", x, lambda: NK.rms_norm(x, nw, 1e-6), weight=nw, eps=1e-6)
+    pro_b = Prologue("act", a, lambda: MK.activate(act, a, b), other=b, act=act)
+    yp, ypair = K.linear(x, w, None, pro_a), K.linear_pair(x, w, pro_a, a, w, pro_b)
+    for m in range(M):
+        one = slice(m, m + 1)
+        assert torch.equal(y[m], K.linear(x[one], w)[0])
+        pa = Prologue("rms", x[one], lambda: None, weight=nw, eps=1e-6)
+        pb = Prologue("act", a[one], lambda: None, other=b[one], act=act)
+        assert torch.equal(yp[m], K.linear(x[one], w, None, pa)[0])
+        assert torch.equal(ypair[m], K.linear_pair(x[one], w, pa, a[one], w, pb)[0])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

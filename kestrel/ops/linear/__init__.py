@@ -1,5 +1,5 @@
 """Linear y = x W^T, dispatched by device and shape: on CUDA, decode-sized batches take the Triton GEMV, which
-streams each weight row once with the rows of x held in registers (up to two rows for any weight, up to eight for a small
+streams each weight row once with the rows of x held in registers (up to four rows for any weight, up to eight for a small
 one: see gemv_rows); everything else (and every CPU call) is F.linear."""
 
 from collections.abc import Callable
@@ -13,9 +13,10 @@ from kestrel.ops.linear import reference
 
 # measured on the H200 with weights streamed from HBM (docs/kernels.md): at one row the GEMV beats cuBLAS by
 # 1.1-1.4x; at eight rows cuBLAS (tensor cores) is 2-4x faster. In k3-mini's decode graph (PDL, with the prologues
-# and pairs the GEMV takes) every large weight on the GEMV made the whole step 1.257x faster at batch 2, 0.998x at
-# batch 3, 0.977x at batch 4 and 0.733x at batch 8 (`benchmarks/gemv_rows.py`, docs/kernels.md)
-GEMV_MAX_M = 2
+# and pairs the GEMV takes, each row in programs of its own: linear.triton.ROW_GRID_LARGE_MAX_M) every large weight
+# on the GEMV made the whole step 1.29x faster at batch 2, 1.13x at batch 3, 1.02x at batch 4 and 0.79x at batch 8
+# (`benchmarks/gemv_rows.py`, docs/kernels.md)
+GEMV_MAX_M = 4
 # ... but a small weight (L2-resident, a few us of work) is launch-bound either way: there the GEMV also serves up to
 # SMALL_GEMV_MAX_M rows (a speculative verify block, the drafter's block), because it launches under programmatic
 # dependent launch and takes the prologues and pairs, where cuBLAS costs a plain launch and the ops around it theirs

@@ -78,10 +78,11 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, add_ptr, x2_ptr, nw_ptr, M, N, GN, sx, sx2
                  K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, HAS_ADD: tl.constexpr,
                  PDL: tl.constexpr, PREFETCH: tl.constexpr, PRO: tl.constexpr, SITU: tl.constexpr,
                  GROUP: tl.constexpr, STACKED: tl.constexpr, LATE_TRIGGER: tl.constexpr, ROW_GRID: tl.constexpr):
-    nb = tl.program_id(0)
+    nb, r = tl.program_id(0), tl.program_id(1)
+    if ROW_GRID == 2:  # the rows on grid axis 0 (see _row_grid)
+        nb, r = tl.program_id(1), tl.program_id(0)
     rows = nb * BN + tl.arange(0, BN)
-    if ROW_GRID:  # one input row per program (grid axis 1), each computed as a one-row launch computes it
-        r = tl.program_id(1)
+    if ROW_GRID:  # one input row per program, each computed as a one-row launch computes it
         x_ptr += r * sx
         x2_ptr += r * sx2
         y_ptr += r * N
@@ -129,10 +130,11 @@ def _gemv_pair_kernel(xa_ptr, xa2_ptr, nwa_ptr, wa_ptr, sxa, sxa2, eps_a, xb_ptr
                       ROW_GRID: tl.constexpr):
     """Two one-row GEMVs into one output, each rounded as its own launch would round it: round(round(A) +
     round(B)) with A = wa @ pro_a(xa), B = wb @ pro_b(xb). Both whole tiles are loaded before the wait."""
-    nb = tl.program_id(0)
+    nb, r = tl.program_id(0), tl.program_id(1)
+    if ROW_GRID == 2:  # as in _gemv_kernel
+        nb, r = tl.program_id(1), tl.program_id(0)
     rows = nb * BN + tl.arange(0, BN)
     if ROW_GRID:  # as in _gemv_kernel
-        r = tl.program_id(1)
         xa_ptr += r * sxa
         xa2_ptr += r * sxa2
         xb_ptr += r * sxb
@@ -175,12 +177,27 @@ def _tile(N: int, K: int) -> tuple[int, int, int]:
     return BN, min(BK, KP), KP if TILE is None and BN * KP <= PREFETCH_MAX else 0
 
 
-def _row_grid(M: int, weight: torch.Tensor) -> bool:
-    """Whether each of M > 1 input rows gets its own programs (grid axis 1): for a small weight, which they then
+# a large weight's products of 2 .. this many rows with each row in its own programs, the rows of one tile
+# adjacent in launch order (so they share its L2 fill); above it, one program reduces its tile against every row.
+# k3-mini's decode graph at batches 2 / 3 / 4: 1.025x / 1.13x / 1.05x faster than the latter (gemv_rows.py)
+ROW_GRID_LARGE_MAX_M = 4
+
+
+def _row_grid(M: int, weight: torch.Tensor) -> int:
+    """Whether each of M > 1 input rows gets its own programs: 1 (grid axis 1) for a small weight, which they then
     read M times from L2, in place of one program reducing its tile against the rows one after another (a verify
-    block's eight-row GEMVs took ~3.7 us that way on the H200 against ~1 us a one-row one). Each row computes as a
-    one-row launch does, so a row's output does not depend on the rows beside it."""
-    return M > 1 and dispatch.small_weight(weight)
+    block's eight-row GEMVs took ~3.7 us that way on the H200 against ~1 us a one-row one); 2 (the rows on grid
+    axis 0, the tiles on axis 1) for a large weight up to ROW_GRID_LARGE_MAX_M rows; 0 otherwise. Each row computes
+    as a one-row launch does, so a row's output does not depend on the rows beside it."""
+    if M <= 1:
+        return 0
+    if dispatch.small_weight(weight):
+        return 1
+    return 2 if M <= ROW_GRID_LARGE_MAX_M else 0
+
+
+def _grid(tiles: int, M: int, row_grid: int) -> tuple[int, int]:
+    return (M, tiles) if row_grid == 2 else (tiles, M if row_grid else 1)
 
 
 def fits_prologue(N: int, K: int) -> bool:
@@ -213,7 +230,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = Non
             assert add.shape == y.shape and add.dtype == y.dtype
             add = add.contiguous()
         row_grid = _row_grid(M, weight)
-        _gemv_kernel[(triton.cdiv(N, BN), M if row_grid else 1)](
+        _gemv_kernel[_grid(triton.cdiv(N, BN), M, row_grid)](
             x, weight, y, add if add is not None else y, x2, nw, 1 if row_grid else M, N, N // groups, x.stride(0),
             x2.stride(0), eps, beta, lbeta, K=K, BM=1 if row_grid else triton.next_power_of_2(M), BN=BN, BK=BK,
             HAS_ADD=add is not None, PDL=use_pdl, PREFETCH=prefetch, PRO=kind, SITU=situ, GROUP=group,
@@ -270,8 +287,9 @@ def linear_pair(xa: torch.Tensor, wa: torch.Tensor, pro_a, xb: torch.Tensor, wb:
     if M:
         # each tile's warps as its own GEMV launch would have them (the same reduction order, so the same sums)
         warps = 8 if BN * max(KPA, KPB) >= 16384 else 4
-        row_grid = _row_grid(M, wa) and _row_grid(M, wb)
-        _gemv_pair_kernel[(triton.cdiv(N, BN), M if row_grid else 1)](
+        ga, gb = _row_grid(M, wa), _row_grid(M, wb)
+        row_grid = ga if ga == gb else 0
+        _gemv_pair_kernel[_grid(triton.cdiv(N, BN), M, row_grid)](
             xa, xa2, nwa, wa, xa.stride(0), xa2.stride(0), eps_a, xb, xb2, nwb, wb, xb.stride(0), xb2.stride(0), eps_b,
             beta, lbeta, y, 1 if row_grid else M, N, KA=KA, KPA=KPA, PRO_A=ka, KB=KB, KPB=KPB, PRO_B=kb, SITU=situ,
             BM=1 if row_grid else triton.next_power_of_2(M), BN=BN, PDL=use_pdl, LATE_TRIGGER=late_trigger,
