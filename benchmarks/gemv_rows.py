@@ -25,6 +25,7 @@ from kestrel.models.presets import preset_config  # noqa: E402
 import kestrel.ops as ops  # noqa: E402
 from kestrel.ops import linear as linear_ops  # noqa: E402
 from kestrel.ops.linear import triton as linear_triton  # noqa: E402
+from kestrel.ops.moe import triton as moe_triton  # noqa: E402
 
 
 @torch.no_grad()
@@ -34,7 +35,8 @@ def main() -> None:
     ap.add_argument("--batches", default="2,4,8")
     ap.add_argument("--rows", default="1,2,4,8",
                     help="GEMV_MAX_M values (1: the large weights on cuBLAS; first: the baseline); a trailing g also sets "
-                         "linear.triton.ROW_GRID_LARGE_MAX_M (each row in its own programs)")
+                         "linear.triton.ROW_GRID_LARGE_MAX_M (each row in its own programs), a trailing r "
+                         "moe.triton.ROUTE_IN_KERNEL_MAX_TOKENS = 8 (the expert GEMVs route every token themselves)")
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=6)
@@ -47,6 +49,7 @@ def main() -> None:
     model = build_model(cfg)
     model.fuse_projections()
     default, default_grid = linear_ops.GEMV_MAX_M, linear_triton.ROW_GRID_LARGE_MAX_M
+    default_route = moe_triton.ROUTE_IN_KERNEL_MAX_TOKENS
     table = []
     for B in map(int, args.batches.split(",")):
         setup = DecodeSetup(cfg, B, args.ctx, args.page_size)
@@ -55,11 +58,12 @@ def main() -> None:
         snap = [t.clone() for t in states]
         runners, logits = {}, {}
         for key in args.rows.split(","):
-            m, grid = int(key.rstrip("g")), key.endswith("g")
+            m, grid, route = int(key.rstrip("gr")), "g" in key, "r" in key
             if m > 1 and m < B:
                 continue  # the same graph as cuBLAS
             linear_ops.GEMV_MAX_M = m
             linear_triton.ROW_GRID_LARGE_MAX_M = m if grid else 0
+            moe_triton.ROUTE_IN_KERNEL_MAX_TOKENS = 8 if route else 1
             r = runners[key] = DecodeGraphRunner(model, setup.mem, batch_sizes=(B,),
                                                  max_pages_per_seq=setup.page_table.shape[1])
             r.capture()
@@ -67,6 +71,7 @@ def main() -> None:
                 t.copy_(s)
             logits[key] = r.run(fb).logits.float().clone()
         linear_ops.GEMV_MAX_M, linear_triton.ROW_GRID_LARGE_MAX_M = default, default_grid
+        moe_triton.ROUTE_IN_KERNEL_MAX_TOKENS = default_route
         times = {m: [] for m in runners}
         for _ in range(args.rounds):
             for m, r in runners.items():

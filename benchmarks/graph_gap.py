@@ -14,30 +14,16 @@ between graphs, not in them.
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import back_to_back, cuda_time  # noqa: E402
+from benchmarks.common import back_to_back, cuda_time, host_time  # noqa: E402
 from benchmarks.decode_ladder import DecodeSetup, build_model  # noqa: E402
 from kestrel.engine.cuda_graph import DecodeGraphRunner  # noqa: E402
 from kestrel.models.presets import preset_config  # noqa: E402
 import kestrel.ops as ops  # noqa: E402
-
-
-def host_us(fn, calls: int = 20) -> float:
-    """Median host microseconds of one call, the device drained before each."""
-    out = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(out)
 
 
 @torch.no_grad()
@@ -65,7 +51,7 @@ def main() -> None:
             run = lambda: runner.run(fb)  # noqa: E731
             synced = cuda_time(run, warmup=3, iters=30)
             b2b = back_to_back(run, args.steps)
-            host = host_us(run)
+            host = host_time(run, 20) * 1e6
             print(f"| {B} | {'on' if pdl else 'off'} | {synced * 1e3:.3f} | {b2b * 1e3:.3f} | "
                   f"{(synced - b2b) * 1e6:.0f} | {host:.0f} |")
             runner = None
