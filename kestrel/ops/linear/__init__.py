@@ -1,6 +1,6 @@
 """Linear y = x W^T, dispatched by device and shape: on CUDA, decode-sized batches take the Triton GEMV, which
-streams each weight row once with the rows of x held in registers (up to four rows for any weight, up to eight for a small
-one: see gemv_rows); everything else (and every CPU call) is F.linear."""
+streams each weight row once with the rows of x held in registers (up to four rows for any weight, up to eight for
+a small one: see gemv_rows); everything else (and every CPU call) is F.linear."""
 
 from collections.abc import Callable
 from dataclasses import dataclass

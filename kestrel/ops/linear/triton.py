@@ -197,6 +197,7 @@ def _row_grid(M: int, weight: torch.Tensor) -> int:
 
 
 def _grid(tiles: int, M: int, row_grid: int) -> tuple[int, int]:
+    """The launch grid for `tiles` weight tiles and M rows in _row_grid's mode."""
     return (M, tiles) if row_grid == 2 else (tiles, M if row_grid else 1)
 
 
