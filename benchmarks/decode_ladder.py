@@ -127,6 +127,8 @@ def ladder(cfg, model, args, log, floor_s):
     mla_ops.FUSED_STORE = mla_ops.FUSED_ABSORB = False
     # the routing as its own launch
     moe_ops.ROUTE_IN_EXPERTS = False
+    # the shared experts in line, after the routed ones (the default at one token)
+    moe_ops.SHARED_STREAM = False
     # the KDA prep and recurrence kernels wait before reading the state, tail and weights
     kda_triton.EARLY_STATE = False
     with reference_ops():
@@ -198,6 +200,7 @@ def ladder(cfg, model, args, log, floor_s):
     kda_triton.EARLY_STATE = True
     kept_stage("+ early KDA state", "CUDA graph, + KDA state and conv tail read before the wait", paired,
                "early KDA state vs waiting first")
+    # (moe_ops.SHARED_STREAM, the shared experts on a second stream, serves 4-128 tokens: not batch 1)
     # (call 2 of the 2026-12-01 02:47 session, benchmarks/device/device_run56.sh, also timed the KDA gate's up
     # projection inside the prep kernel, 1.414 against 1.417 ms; the dense FFN's K = 8192 down projection loading whole tiles
     # of two rows, with its activation inside, 1.418, or as its own kernel, 1.416: all within noise, not kept)
@@ -302,12 +305,15 @@ def interleaved(variants: dict, fb, log, rounds: int = 8, iters: int = 20):
             f"{base / m:6.3f}x the first")
 
 
-def graph_timeline(run, log, steps: int = 5, top: int = 20, label: str = "graph", sequence: range | None = None):
+def graph_timeline(run, log, steps: int = 5, top: int = 20, label: str = "graph", sequence: range | None = None,
+                   copies: bool = False):
     """Where a graphed step's wall time goes: the kernels as the GPU ran them (the profiler traces a graph's
     kernels), each charged with how far it moved the step's end (its end minus the latest end before it, so launch
-    gaps and PDL waits count against the kernel that ended them, and a kernel overlapped by PDL costs little)."""
+    gaps and PDL waits count against the kernel that ended them, and a kernel overlapped by PDL costs little).
+    copies: memory copies and sets are charged too (the engine's steps around the graph)."""
     ev = sorted((e.time_range.start, e.time_range.end, e.name) for e in cuda_events(run, steps)
-                if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower() and "memset" not in e.name.lower())
+                if e.device_type.name == "CUDA"
+                and (copies or ("memcpy" not in e.name.lower() and "memset" not in e.name.lower())))
     if not ev:
         log(f"timeline ({label}): no kernels traced")
         return

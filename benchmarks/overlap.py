@@ -1,8 +1,11 @@
 """The overlap scheduler against serial scheduling, on one engine, at batch 1 (issue 4): decode tok/s from each
 request's first token to its last, the two modes in interleaved rounds, beside the decode step's CUDA graph
 replayed alone (the device's share of a step; the rest of a serial step is host work the overlap can hide).
+--timeline (CUDA) also traces overlapped engine steps and the graph replayed alone under the profiler: each kernel
+and copy charged with how far it moved the step's end, so what the engine adds to the graph shows by name.
 
-    PYTHONPATH=. python benchmarks/overlap.py [--model k3-mini --device cuda --dtype bfloat16] [--rounds 3]
+    PYTHONPATH=. python benchmarks/overlap.py [--model k3-mini --device cuda --dtype bfloat16] [--rounds 3] \
+        [--timeline]
 
 The same engine serves both modes: its scheduler's overlap is switched on and off between rounds (on a CPU the
 overlapped batches run on the forward thread; on a GPU they are launched from the scheduler's own thread).
@@ -44,6 +47,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--timeline", action="store_true", help="profile overlapped engine steps against the graph alone")
     args = ap.parse_args()
     core = EngineCore(ServerArgs(model_path=args.model, device=args.device, dtype=args.dtype, skip_tokenizer_init=True,
                                  max_running_requests=1, cuda_graph_max_bs=1))
@@ -69,7 +73,26 @@ def main() -> None:
     print(f"   overlap / serial: x{med['overlap'] / med['serial']:.2f}")
     if g is not None:
         print(f"   decode graph alone: {g:.3f} ms a step (the device's share; a step cannot beat it)")
+    if args.timeline and g is not None:
+        timelines(core, prompts[0])
     core.shutdown()
+
+
+def timelines(core: EngineCore, prompt, steps: int = 30) -> None:
+    """Overlapped engine decode steps of one request, then its decode graph replayed alone, each traced (see
+    decode_ladder.graph_timeline; copies charged too)."""
+    from benchmarks.decode_ladder import graph_timeline
+
+    core.scheduler.overlap = True
+    req = core.make_request(prompt, {"max_new_tokens": 4 * steps + 16, "temperature": 0, "ignore_eos": True})
+    core.add_request(req)
+    while len(req.output_ids) < 4:
+        core.step()
+    graph_timeline(core.step, print, steps=steps, top=25, label="engine decode steps, overlap on", copies=True)
+    graph = core.runner.graphs.graphs[1]
+    graph_timeline(graph.replay, print, steps=steps, top=12, label="decode graph replayed alone", copies=True)
+    while core.has_work():
+        core.step()
 
 
 if __name__ == "__main__":

@@ -102,20 +102,34 @@ class MoE(nn.Module):
             se.fused_by_parent = True
 
     def forward(self, x: torch.Tensor, training: bool = False) -> torch.Tensor:
+        fused = getattr(self, "_fused", None)
+        fused = fused if fused is not None and fused.valid() else None
+        latent, shared = hasattr(self, "routed_expert_up_proj"), hasattr(self, "shared_experts")
+        # CUDA inference: the shared experts on a second stream, beside the routed path (moe_ops.side_stream); the
+        # routed up projection then adds their output in its epilogue (the sum commutes: the same bits)
+        beside = moe_ops.side_stream(x) if latent and shared and not training else None
+        if beside is not None:
+            main = torch.cuda.current_stream(x.device)
+            beside.wait_stream(main)
+            with torch.cuda.stream(beside):
+                shared_y = self.shared_experts(x, fused.part(x, 1, 3) if fused is not None else None)
         logits = self.gate.logits(x)  # routing reads x, not the latent
         routing = self.gate.routing()
         # routed now, before the front end's late-trigger GEMM, unless the expert kernels choose the experts
         # themselves (the expert kernels may read the routing before their wait: it must be finished by then)
         chosen = None if moe_ops.routes_in_experts(logits, routing) else self.gate(x, logits)
-        fused, shared_in, ids_ready = getattr(self, "_fused", None), None, False
-        if fused is not None and fused.valid():
+        shared_in, ids_ready = None, False
+        if fused is not None:
             # launched so that the router has finished before the expert kernels can start: they then choose the
             # experts and stream their weights while this GEMM runs
-            h, *shared_in = fused(x, late_trigger=True)
+            if beside is not None:
+                h, = fused.part(x, 0, 1, late_trigger=True)
+            else:
+                h, *shared_in = fused(x, late_trigger=True)
             ids_ready = True
         else:
-            h = self.routed_expert_down_proj(x) if hasattr(self, "routed_expert_down_proj") else x
-        last = not hasattr(self, "shared_experts")  # which kernel ends the MoE (launches its dependents late)
+            h = self.routed_expert_down_proj(x) if latent else x
+        last = not shared  # which kernel ends the MoE (launches its dependents late)
         if training:
             # every expert on every token, weighted (zero where not routed): more FLOPs, no host syncs
             weights, ids = chosen if chosen is not None else self.gate(x, logits)
@@ -123,12 +137,20 @@ class MoE(nn.Module):
             y = moe_ops.experts_dense(h, e.dense("w1", h.dtype), e.dense("w2", h.dtype), e.dense("w3", h.dtype),
                                       weights, ids, self.act)
         else:
-            late = not hasattr(self, "routed_expert_up_proj") and last
+            late = not latent and last
             if chosen is None:  # the routing inside the expert kernels (one launch fewer)
                 y = moe_ops.experts_routed(h, self.experts, logits, routing, self.act, ids_ready, late_trigger=late)
             else:
                 y = moe_ops.experts(h, self.experts, *chosen, self.act, ids_ready, late_trigger=late)
-        if hasattr(self, "routed_expert_up_proj"):
+        if beside is not None:
+            # the join: the up projection below reads the shared experts' output. shared_y belongs to the side
+            # stream's pool; it is freed before the next layer's fork, after which the side stream waits for the
+            # main one, so its memory is not reused while the main stream may still read it
+            main.wait_stream(beside)
+            last, add = True, shared_y
+        else:
+            add = None
+        if latent:
             norm = getattr(self, "routed_expert_norm", None)
             if norm is not None:  # the latent norm inside a one-row GEMV
                 y0 = y
@@ -137,9 +159,9 @@ class MoE(nn.Module):
                     se = self.shared_experts
                     return linear_pair(self.routed_expert_up_proj, pro, se.down_proj, se.down_input(x, shared_in),
                                        late_trigger=True)
-                y = self.routed_expert_up_proj.forward_with(pro, late_trigger=last)
+                y = self.routed_expert_up_proj.forward_with(pro, add, late_trigger=last)
             else:
-                y = self.routed_expert_up_proj(y, late_trigger=last)
-        if hasattr(self, "shared_experts"):
+                y = self.routed_expert_up_proj(y, add, late_trigger=last)
+        if shared and beside is None:
             y = self.shared_experts(x, shared_in, add=y)  # shared + routed: the add rides the down projection
         return y

@@ -160,6 +160,9 @@ def test_paired_moe_tail_bit_equals_two_gemvs(monkeypatch):
     from kestrel.ops import linear as linear_ops
     from kestrel.ops.linear import triton as LK
 
+    from kestrel.ops import moe as moe_ops
+
+    monkeypatch.setattr(moe_ops, "SHARED_STREAM", False)  # the pair serves the MoE whose shared experts run in line
     cfg, model, mem = _setup(torch.bfloat16, fuse=True)
     calls = []
     pair = LK.linear_pair
@@ -275,3 +278,40 @@ def test_drafter_norm_kernel_matches_the_formula(dtype):
             ref = rms(x, 1e-6, weight)
         assert fast.dtype == ref.dtype == dtype
         assert rel(fast, ref) < (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("graph", [False, True])
+def test_shared_experts_beside_routed_bit_equal_in_line(monkeypatch, graph):
+    """The MoE's shared experts on a second stream (moe_ops.side_stream), their output summed by the routed up
+    projection's epilogue, against the shared experts in line after the routed ones (the paired tail): bit-identical
+    logits and states over several batch-1 decode steps, eager and in a PDL CUDA graph (where the fork and join
+    are graph edges). The second stream really ran the shared experts (its own kernels, once per MoE layer)."""
+    import kestrel.ops as ops
+    from kestrel.engine.cuda_graph import DecodeGraphRunner
+    from kestrel.ops import moe as moe_ops
+
+    if graph and torch.cuda.get_device_capability()[0] >= 9:
+        monkeypatch.setattr(ops, "PDL", True)
+    monkeypatch.setattr(moe_ops, "SHARED_STREAM_MIN_TOKENS", 1)  # the engine keeps one token in line (slower)
+    cfg, model, mem = _setup(torch.bfloat16, fuse=True)
+    forks = []
+    side = moe_ops.side_stream
+    monkeypatch.setattr(moe_ops, "side_stream", lambda x: (s := side(x)) is not None and forks.append(s) or s)
+
+    def variant(on):
+        def setup():
+            monkeypatch.setattr(moe_ops, "SHARED_STREAM", on)
+            if not graph:
+                return model
+            runner = DecodeGraphRunner(model, mem, batch_sizes=(1,), max_pages_per_seq=8)
+            runner.capture()
+            return runner.run
+        return setup
+
+    results = _replayed_steps(mem, [(on, variant(on)) for on in (False, True)], 4)
+    moe_layers = sum(1 for layer in model.model.layers if hasattr(layer, "block_sparse_moe"))
+    assert moe_layers and forks and all(s is forks[0] for s in forks)
+    assert forks[0] != torch.cuda.current_stream()
+    assert len(forks) >= (1 if graph else 4) * moe_layers
+    assert _bit_equal(results[True], results[False])

@@ -104,6 +104,13 @@ class FusedLinears:
     def __call__(self, x: torch.Tensor, late_trigger: bool = False) -> list[torch.Tensor]:
         return list(linear_ops.linear(x, self.weight, late_trigger=late_trigger).split(self.sizes, dim=-1))
 
+    def part(self, x: torch.Tensor, start: int, stop: int, late_trigger: bool = False) -> list[torch.Tensor]:
+        """The outputs of layers start..stop-1 alone, from one GEMM over their rows of the buffer (adjacent rows,
+        so a contiguous view: nothing is copied)."""
+        lo, hi = sum(self.sizes[:start]), sum(self.sizes[:stop])
+        y = linear_ops.linear(x, self.weight[lo:hi], late_trigger=late_trigger)
+        return list(y.split(self.sizes[start:stop], dim=-1))
+
 
 class StackedLinears(FusedLinears):
     """Linear layers of one shape over different inputs that sit side by side in one tensor (adjacent column

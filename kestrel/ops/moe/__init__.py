@@ -1,5 +1,7 @@
 """MoE ops (router, routed experts), dispatched by device."""
 
+import torch
+
 from kestrel.ops import kernel
 from kestrel.ops.moe import reference
 from kestrel.ops.moe.reference import Activation, Routing  # noqa: F401
@@ -64,6 +66,34 @@ def experts_routed(x, experts_weights, logits, routing: Routing, act, ids_ready:
     weights, ids = route(logits, routing.correction_bias, routing.top_k, routing.renormalize, routing.scaling,
                          routing.num_expert_group, routing.topk_group)
     return experts(x, experts_weights, weights, ids, act, False, late_trigger)
+
+
+# off: the shared experts run on the routed experts' stream, before them (the decode ladder runs them so)
+SHARED_STREAM = True
+# ... for batches of this many tokens: at one token the shared experts in line (their down projection paired with
+# the routed up projection in one GEMV) measured faster, and the second stream lost from 256 tokens and on
+# prefills. k3-mini decode graph, H200, PDL, back to back, stream vs in line: 0.893x at batch 1, 0.993-1.001x at
+# 2-3, 1.038x at 4, 1.080x at 8, 1.026x at 16, 1.006-1.013x at 32-128, 0.979x at 256; eager prefills of 512 and
+# 4096 tokens 0.904x and 0.942x (docs/kernels.md, session of 2026-12-03 07:05)
+SHARED_STREAM_MIN_TOKENS = 4
+SHARED_STREAM_MAX_TOKENS = 128
+_side_streams: dict = {}
+
+
+def side_stream(x: torch.Tensor):
+    """The second CUDA stream the MoE runs its shared experts on, beside the routed experts (inference on CUDA;
+    None elsewhere, where the two run one after the other). The routed path is a chain of latency-bound launches
+    (router, latent down projection, the expert GEMVs, whose weights stream only once the routing is known); the
+    shared experts need only the MoE's input, so their weights stream while that chain runs. One stream per
+    device, reused by every layer: each layer forks from the main stream and joins it again (inside a CUDA graph
+    capture too, where the fork and the join become the graph's edges)."""
+    if (not SHARED_STREAM or x.device.type != "cuda" or torch.is_grad_enabled()
+            or not SHARED_STREAM_MIN_TOKENS * x.shape[-1] <= x.numel() <= SHARED_STREAM_MAX_TOKENS * x.shape[-1]):
+        return None
+    s = _side_streams.get(x.device)
+    if s is None:
+        s = _side_streams[x.device] = torch.cuda.Stream(x.device)
+    return s
 
 
 def activate(act, a, b):
