@@ -126,24 +126,35 @@ def parse_knob(spec: str) -> tuple[object, str, list]:
     return importlib.import_module(mod), name, [ast.literal_eval(v) for v in values.split(",")]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--knob", required=True, help="module.NAME=value,value,... (Python literals; the first: baseline)")
+def common_args(ap: argparse.ArgumentParser, batches: str) -> None:
+    """The options every decode-graph comparison takes (this script's and gemv_rows.py's)."""
     ap.add_argument("--preset", default="k3-mini")
-    ap.add_argument("--batches", default="1,2,4,8")
-    ap.add_argument("--prefill-lens", default="", help="also one eager full-sequence forward of each length")
+    ap.add_argument("--batches", default=batches)
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--disable-pdl", action="store_true", help="plain launches (the engine's --disable-pdl)")
-    args = ap.parse_args()
-    ops.PDL = not args.disable_pdl  # as the engine sets it
-    mod, name, values = parse_knob(args.knob)
+
+
+def fused_model(args):
+    """(config, random bf16 model with fused projections) for args.preset, PDL set as the engine sets it."""
+    ops.PDL = not args.disable_pdl
     cfg = preset_config(args.preset)
     torch.manual_seed(0)
     model = build_model(cfg)
     model.fuse_projections()
+    return cfg, model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--knob", required=True, help="module.NAME=value,value,... (Python literals; the first: baseline)")
+    ap.add_argument("--prefill-lens", default="", help="also one eager full-sequence forward of each length")
+    common_args(ap, "1,2,4,8")
+    args = ap.parse_args()
+    mod, name, values = parse_knob(args.knob)
+    cfg, model = fused_model(args)
     variants = [(f"{name}={v!r}", {(mod, name): v}) for v in values]
     rows = []
     for B in map(int, args.batches.split(",")):

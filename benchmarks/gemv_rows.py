@@ -17,10 +17,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.decode_knobs import compare, table  # noqa: E402
-from benchmarks.decode_ladder import build_model  # noqa: E402
-from kestrel.models.presets import preset_config  # noqa: E402
-import kestrel.ops as ops  # noqa: E402
+from benchmarks.decode_knobs import common_args, compare, fused_model, table  # noqa: E402
 from kestrel.ops import linear as linear_ops  # noqa: E402
 from kestrel.ops.linear import triton as linear_triton  # noqa: E402
 from kestrel.ops.moe import triton as moe_triton  # noqa: E402
@@ -29,23 +26,13 @@ from kestrel.ops.moe import triton as moe_triton  # noqa: E402
 @torch.no_grad()
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="k3-mini")
-    ap.add_argument("--batches", default="2,4,8")
     ap.add_argument("--rows", default="1,2,4,8",
                     help="GEMV_MAX_M values (1: the large weights on cuBLAS; first: the baseline); a trailing g also sets "
                          "linear.triton.ROW_GRID_LARGE_MAX_M (each row in its own programs), a trailing r "
                          "moe.triton.ROUTE_IN_KERNEL_MAX_TOKENS = 8 (the expert GEMVs route every token themselves)")
-    ap.add_argument("--ctx", type=int, default=1024)
-    ap.add_argument("--page-size", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--disable-pdl", action="store_true", help="plain launches (the engine's --disable-pdl)")
+    common_args(ap, "2,4,8")
     args = ap.parse_args()
-    ops.PDL = not args.disable_pdl  # as the engine sets it
-    cfg = preset_config(args.preset)
-    torch.manual_seed(0)
-    model = build_model(cfg)
-    model.fuse_projections()
+    cfg, model = fused_model(args)
     rows = []
     for B in map(int, args.batches.split(",")):
         variants = []
