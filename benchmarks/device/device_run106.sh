@@ -1,7 +1,8 @@
 #!/bin/bash
-# Session of 2026-12-03, 07:05, call 3: the tree to commit (MoE shared experts on a second stream for 4-128
-# tokens; the AttnRes online-softmax variant of call 2 reverted). All GPU tests; the batch sweep; the engine's
-# batch-1 decode, overlapped, traced against its graph alone (overlap.py --timeline, new).
+# Session of 2026-12-03, 07:05, call 3: the committed tree (MoE shared experts on a second stream for 4-128 tokens)
+# plus the decode graph's own argmax (a plain greedy step's tokens and future write inside the graph). All GPU
+# tests; the batch sweep; the engine's batch-1 decode: serial, overlapped, overlapped with the argmax after the
+# graph, and traced against its graph alone (overlap.py --timeline, new).
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 s() { echo "== $1 ($(date +%T))"; }
 s tests

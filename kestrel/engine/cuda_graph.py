@@ -37,11 +37,13 @@ class DecodeGraphRunner(_Buckets):
     ROWS = 6
 
     def __init__(self, model, mem, batch_sizes=DEFAULT_BATCH_SIZES, max_pages_per_seq: int = 64,
-                 device: torch.device | str = "cuda", future: torch.Tensor | None = None):
+                 device: torch.device | str = "cuda", future: torch.Tensor | None = None, greedy: bool = False):
         """future: the runner's future-token buffer (its last entry a scratch): negative token ids are references
-        into it, resolved inside the graph (None: ids are never negative)."""
-        self.model, self.mem, self.future = model, mem, future
-        future_scratch = 0 if future is None else future.shape[0] - 1
+        into it, resolved inside the graph (None: ids are never negative). greedy: the graph also takes each row's
+        argmax and, with a future buffer, writes it there (the future-index row; padding rows write the scratch),
+        so a plain greedy step needs no kernel after the replay but the tokens' copy back (`run_host`'s tokens)."""
+        self.model, self.mem, self.future, self.greedy = model, mem, future, greedy
+        self.future_scratch = future_scratch = 0 if future is None else future.shape[0] - 1
         self.batch_sizes = sorted(set(int(b) for b in batch_sizes))
         self.max_pages = max_pages_per_seq
         n = self.batch_sizes[-1]
@@ -55,6 +57,7 @@ class DecodeGraphRunner(_Buckets):
         self.page_table = torch.full((n, max_pages_per_seq), self.scratch_page, dtype=torch.int32, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, object] = {}
+        self.tokens: dict[int, torch.Tensor] = {}  # with greedy: each bucket's argmax tokens
         self.pool = None
 
     def _ints(self, b: int) -> torch.Tensor:
@@ -73,7 +76,19 @@ class DecodeGraphRunner(_Buckets):
         for bs in reversed(self.batch_sizes):
             self._ints(bs).copy_(self.pad_t.expand(-1, bs))
             fb = self._batch(bs)
-            self.graphs[bs], self.outputs[bs], self.pool = capture(lambda: self.model(self._resolved(fb)), self.pool)
+            self.graphs[bs], (self.outputs[bs], tokens), self.pool = capture(lambda: self._step(fb), self.pool)
+            if tokens is not None:
+                self.tokens[bs] = tokens
+
+    def _step(self, fb: ForwardBatch):
+        """The captured work: the forward, and with greedy the tokens (written to the future buffer too)."""
+        out = self.model(self._resolved(fb))
+        if not self.greedy:
+            return out, None
+        tokens = out.logits.argmax(-1)
+        if self.future is not None:
+            self.future[self._ints(fb.batch_size)[5]] = tokens
+        return out, tokens
 
     def _resolved(self, fb: ForwardBatch) -> ForwardBatch:
         """fb with future references among its token ids read from the future buffer (on the device, captured)."""
@@ -100,6 +115,7 @@ class DecodeGraphRunner(_Buckets):
         seq_lens = fb.seq_lens_t if fb.seq_lens_t is not None else torch.tensor(fb.seq_lens)
         for row, src in enumerate((fb.input_ids, fb.positions, fb.state_slots, fb.out_cache_loc, seq_lens)):
             ints[row, :bs].copy_(src, non_blocking=True)
+        ints[5, :bs].fill_(self.future_scratch)  # a greedy graph's tokens go nowhere a request reads
         self.page_table[:bs, : fb.page_table.shape[1]].copy_(fb.page_table, non_blocking=True)
         if b > bs:
             ints[:, bs:].copy_(self.pad_t.expand(-1, b - bs))
@@ -119,14 +135,15 @@ class DecodeGraphRunner(_Buckets):
         """Replay from host data: ints [ROWS, bucket] (`host_ints`; negative token ids are future references) and
         table [bucket, width] int32 are copied into the bucket's static inputs (non-blocking copies from pageable
         memory: staged, no stream synchronisation). Returns (the output for the first bs rows, the future-index
-        row)."""
+        row, the rows' argmax tokens, already in the future buffer, or None without greedy)."""
         b = ints.shape[1]
         static = self._ints(b)
         static.copy_(ints, non_blocking=True)
         self.page_table[:b, : table.shape[1]].copy_(table, non_blocking=True)
         self.graphs[b].replay()
         out = self.outputs[b]
-        return type(out)(out.logits[:bs], out.hidden[:bs], {}), static[5, :bs]
+        tokens = self.tokens[b][:bs] if b in self.tokens else None
+        return type(out)(out.logits[:bs], out.hidden[:bs], {}), static[5, :bs], tokens
 
 
 @torch.no_grad()

@@ -13,7 +13,7 @@ import torch
 import kestrel.ops as ops
 from kestrel.config import ServerArgs
 from kestrel.engine.batch import Batch, BatchResult, int_tensor, padded_rows
-from kestrel.engine.sampler import sample
+from kestrel.engine.sampler import sample, take_plain_greedy
 from kestrel.mem.pools import KVPool, Memory, StatePool
 from kestrel.mem.unified import UnifiedMemory, unified_bytes
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode
@@ -31,6 +31,9 @@ class ModelRunner:
         self.dtype = model.dtype
         self.mem = self._make_memory(slots_per_request)
         self.graphs = None
+        # a plain greedy decode step takes the decode graph's own argmax (off: sampled after the replay, as any
+        # other step; benchmarks/overlap.py compares the two)
+        self.graph_greedy = True
         # sampled tokens the next batch may read before the scheduler has seen them (a speculative step's graph
         # reads this buffer too: allocated before it is captured)
         self.future_size = 4 * args.max_running_requests + 16
@@ -99,7 +102,7 @@ class ModelRunner:
 
         sizes = self.graph_batch_sizes()
         runner = DecodeGraphRunner(self.model, self.mem, sizes, self.max_pages_per_seq(), self.device,
-                                   future=self.future)
+                                   future=self.future, greedy=True)
         runner.capture()
         log.info("captured decode CUDA graphs for batch sizes %s", sizes)
         return runner
@@ -137,7 +140,10 @@ class ModelRunner:
                 (b.input_ids, b.prefix_lens, b.state_slots, b.out_cache_loc, [p + 1 for p in b.prefix_lens],
                  b.future_idx), B)
             table = int_tensor(padded_rows(b.page_table, width, pad, bucket), torch.int32).view(bucket, width)
-            out, future_idx = self.graphs.run_host(ints, table, B)
+            out, future_idx, tokens = self.graphs.run_host(ints, table, B)
+            if tokens is not None and self.graph_greedy and take_plain_greedy(b.sampling_states, b.want_logprobs,
+                                                                              b.top_logprobs_num):
+                return BatchResult.pending(tokens)  # the graph took the argmax and wrote the future buffer
             return self._sample(b, out, future_idx)
         if b.mode == ForwardMode.DECODE:
             positions = b.prefix_lens

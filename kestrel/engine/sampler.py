@@ -145,6 +145,17 @@ def sample(logits: torch.Tensor, states: list[SamplingState], want_logprobs: boo
     return SampleOutput(tokens, logprobs, top)
 
 
+def take_plain_greedy(states: list[SamplingState], want_logprobs: bool, top_logprobs_num: int) -> bool:
+    """Whether a batch's tokens are its rows' plain argmax with nothing else asked of the step (every row plain
+    greedy, no logprobs). If so the states advance as `sample` would advance them, and the caller's argmax (a
+    decode graph's) stands for `sample`'s."""
+    if want_logprobs or top_logprobs_num or not all(st.plain_greedy for st in states):
+        return False
+    for st in states:
+        st.step += 1
+    return True
+
+
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_n: int):
     """log p(token) under the model (raw logits, temperature 1) and the top_n alternatives."""
     lp = torch.log_softmax(logits.double(), dim=-1)

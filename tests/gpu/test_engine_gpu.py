@@ -161,3 +161,34 @@ def test_pending_result_holds_the_values_at_its_launch():
     assert res.tokens == [0, 7, 14, 21, 28] and res.copying is None
     assert res.logprobs == torch.linspace(-3, 0, 5, dtype=torch.float64).tolist()
     assert res.top_logprobs[1] == [(7, res.logprobs[1])] * 2
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_graph_argmax_equals_sampling_after_the_graph(monkeypatch, overlap):
+    """The decode graph's own argmax (a plain greedy step needs no kernel after the replay) against sampling after
+    the replay (`graph_greedy` off): plain greedy requests, greedy ones with a repetition penalty, seeded sampled
+    ones and one asking for logprobs (none of which the graph's argmax may serve), batched together so that steps
+    mix them. Each request's tokens and logprobs are identical in the two modes, and the graph's tokens really
+    served some steps (the last ones, when only plain greedy requests are left)."""
+    import kestrel.engine.model_runner as model_runner
+
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 4096, (int(n),), generator=g).tolist() for n in torch.randint(5, 60, (12,), generator=g)]
+    kinds = [{"temperature": 0}, {"temperature": 0, "repetition_penalty": 1.3}, {"temperature": 0.8, "seed": 5},
+             {"temperature": 0}]
+    params = [{"max_new_tokens": 16 + 3 * i, "ignore_eos": True, **kinds[i % 4]} for i in range(len(prompts))]
+    taken = []
+    take = model_runner.take_plain_greedy
+    monkeypatch.setattr(model_runner, "take_plain_greedy", lambda *a: taken.append(r := take(*a)) or r)
+    results = {}
+    with Engine("k3-tiny", device="cuda", dtype="float32", skip_tokenizer_init=True, page_size=16, **SMALL_POOLS,
+                disable_overlap_schedule=not overlap, cuda_graph_max_bs=16) as engine:
+        for on in (True, False):
+            engine.core.runner.graph_greedy = on
+            taken.clear()
+            first = engine.generate(input_ids=prompts[:1], sampling_params=params[:1], return_logprob=True)
+            rest = engine.generate(input_ids=prompts, sampling_params=params)
+            results[on] = [(o["output_ids"], o["meta_info"].get("output_token_logprobs")) for o in first + rest]
+            if on:
+                assert any(taken) and not all(taken)
+    assert results[True] == results[False]
