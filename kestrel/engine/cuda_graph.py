@@ -85,6 +85,8 @@ class DecodeGraphRunner(_Buckets):
         out = self.model(self._resolved(fb))
         if not self.greedy:
             return out, None
+        # torch's argmax, not ops.argmax's Triton kernel: the latter (PDL-launched) made the graph 7 us faster
+        # alone but the engine's overlapped step 18 us slower (k3-mini, H200, benchmarks/device/device_run107.sh)
         tokens = out.logits.argmax(-1)
         if self.future is not None:
             self.future[self._ints(fb.batch_size)[5]] = tokens

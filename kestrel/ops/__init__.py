@@ -88,9 +88,13 @@ def pdl_args(t: torch.Tensor) -> dict:
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
     """torch.argmax(x, -1): the first index of each row's largest value (a NaN counts as largest), as int64 on x's
-    device. fp32 / fp64 CPU tensors go through NumPy, whose vectorised argmax this torch build's CPU kernel is 10-25x
-    slower than (a [64, 4096] fp32 batch: 520 against 22 us on one core; `tests/ops/test_misc_ops.py` compares the
-    two on ties, NaNs and infinities)."""
+    device. CUDA rows go through a Triton kernel (ops/reduce_triton.py). fp32 / fp64 CPU tensors go through NumPy,
+    whose vectorised argmax this torch build's CPU kernel is 10-25x slower than (a [64, 4096] fp32 batch: 520
+    against 22 us on one core; `tests/ops/test_misc_ops.py` compares the two on ties, NaNs and infinities)."""
+    if x.device.type == "cuda":  # one Triton program per row (ops/reduce_triton.py) where it serves
+        fn = kernel(__name__ + ".reduce_triton", "argmax", x)
+        out = fn(x) if fn is not None else None
+        return out if out is not None else x.argmax(-1)
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.dim() == 0:
         return x.argmax(-1)
     return torch.from_numpy(np.asarray(x.detach().numpy().argmax(-1), dtype=np.int64))

@@ -583,3 +583,30 @@ def test_linear_gemv(dtype, M, whole_tile, monkeypatch):
         assert rel(ya, y + r) < TOL[dtype]
     else:
         assert torch.equal(ya, y + r)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_argmax_kernel_is_torch_argmax(dtype):
+    """The decode graph's argmax (one program per row) against torch.argmax: many ties (the first index wins),
+    NaNs (the first NaN wins), infinities, a row of -inf, signed zeros, one column, a vocabulary-sized row on fresh
+    random values; strided or too-wide rows are declined (torch serves them: ops.argmax on CUDA)."""
+    from kestrel.ops import reduce_triton as K
+
+    x = torch.randint(-3, 4, (37, 301), device=DEV).to(dtype)
+    x[3, 17] = x[3, 200] = float("nan")
+    x[5, :] = float("-inf")
+    x[6, 40] = x[6, 9] = float("inf")
+    x[7, 250] = float("nan")
+    x[7, 10] = float("inf")
+    x[8] = -0.0
+    x[8, 100] = 0.0
+    big = rnd(3, 4096 if SMALL else 32000, dtype=dtype)
+    for c in (x, x[:1], x[:, :1].contiguous(), x[:, 5:12], big):
+        got = K.argmax(c)
+        assert got.dtype == torch.long and torch.equal(got, c.argmax(-1))
+    assert K.argmax(x[:, ::2]) is None and K.argmax(rnd(2, K.MAX_COLS + 1)) is None
+    if DEV == "cuda":
+        from kestrel.ops import argmax
+
+        for c in (big, x[:, ::2]):
+            assert torch.equal(argmax(c), c.argmax(-1))
