@@ -117,7 +117,8 @@ class DecodeGraphRunner(_Buckets):
         seq_lens = fb.seq_lens_t if fb.seq_lens_t is not None else torch.tensor(fb.seq_lens)
         for row, src in enumerate((fb.input_ids, fb.positions, fb.state_slots, fb.out_cache_loc, seq_lens)):
             ints[row, :bs].copy_(src, non_blocking=True)
-        ints[5, :bs].fill_(self.future_scratch)  # a greedy graph's tokens go nowhere a request reads
+        if self.greedy and self.future is not None:  # the graph's tokens then go nowhere a request reads
+            ints[5, :bs].fill_(self.future_scratch)
         self.page_table[:bs, : fb.page_table.shape[1]].copy_(fb.page_table, non_blocking=True)
         if b > bs:
             ints[:, bs:].copy_(self.pad_t.expand(-1, b - bs))

@@ -68,7 +68,7 @@ def experts_routed(x, experts_weights, logits, routing: Routing, act, ids_ready:
     return experts(x, experts_weights, weights, ids, act, False, late_trigger)
 
 
-# off: the shared experts run on the routed experts' stream, before them (the decode ladder runs them so)
+# off: the shared experts run in line, on the routed experts' stream after them (the decode ladder runs them so)
 SHARED_STREAM = True
 # ... for batches of this many tokens: at one token the shared experts in line (their down projection paired with
 # the routed up projection in one GEMV) measured faster, and the second stream lost from 256 tokens and on
