@@ -20,3 +20,17 @@ def tiny64() -> K3ForCausalLM:
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def argmax_edge_rows(dtype, device="cpu") -> torch.Tensor:
+    """[37, 301] rows for argmax tests: few distinct values (many ties, where the first index must win), NaNs (the
+    first NaN wins), infinities, a row of -inf, signed zeros."""
+    x = torch.randint(-3, 4, (37, 301), device=device).to(dtype)
+    x[3, 17] = x[3, 200] = float("nan")
+    x[5, :] = float("-inf")
+    x[6, 40] = x[6, 9] = float("inf")
+    x[7, 250] = float("nan")
+    x[7, 10] = float("inf")
+    x[8] = -0.0
+    x[8, 100] = 0.0
+    return x

@@ -591,15 +591,9 @@ def test_argmax_kernel_is_torch_argmax(dtype):
     NaNs (the first NaN wins), infinities, a row of -inf, signed zeros, one column, a vocabulary-sized row on fresh
     random values; strided or too-wide rows are declined (torch serves them: ops.argmax on CUDA)."""
     from kestrel.ops import reduce_triton as K
+    from tests.conftest import argmax_edge_rows
 
-    x = torch.randint(-3, 4, (37, 301), device=DEV).to(dtype)
-    x[3, 17] = x[3, 200] = float("nan")
-    x[5, :] = float("-inf")
-    x[6, 40] = x[6, 9] = float("inf")
-    x[7, 250] = float("nan")
-    x[7, 10] = float("inf")
-    x[8] = -0.0
-    x[8, 100] = 0.0
+    x = argmax_edge_rows(dtype, DEV)
     big = rnd(3, 4096 if SMALL else 32000, dtype=dtype)
     for c in (x, x[:1], x[:, :1].contiguous(), x[:, 5:12], big):
         got = K.argmax(c)

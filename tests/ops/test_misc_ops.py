@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from kestrel.ops.attn_res.reference import attn_res
 from kestrel.ops.mxfp4 import reference as mx
 from kestrel.ops.norm.reference import gated_rms_norm, rms_norm
+from tests.conftest import argmax_edge_rows
 
 D64 = torch.float64
 
@@ -142,15 +143,7 @@ def test_argmax_is_torch_argmax_with_ties_nans_and_infinities(dtype):
     from kestrel.ops import argmax
 
     g = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ())))
-    # few distinct values: many ties, where the first index must win
-    x = torch.randint(-3, 4, (37, 301), generator=g).to(dtype)
-    x[3, 17] = x[3, 200] = float("nan")
-    x[5, :] = float("-inf")
-    x[6, 40] = x[6, 9] = float("inf")
-    x[7, 250] = float("nan")
-    x[7, 10] = float("inf")
-    x[8] = -0.0
-    x[8, 100] = 0.0
+    x = argmax_edge_rows(dtype)
     with torch.inference_mode():
         cases = [x, x[:, ::3], x.t().contiguous().t(), x[4], x[:1]]
         for c in cases:
