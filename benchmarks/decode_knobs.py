@@ -8,7 +8,9 @@ on unless --disable-pdl) is captured once per value of the knob, from the same r
 timed turn about, back to back (the engine's overlapped steady state). Each variant's logits are compared with the
 first's: bit-equal, or their relative error (a different reduction order moves a random 24-layer bf16 model's
 logits far, so that is a rounding report). --prefill-lens also times one eager full-sequence forward per length
-under each value, turn about. `compare` is the loop other benchmarks reuse with their own variants.
+under each value, turn about. --verify-block N times a speculative step's target side instead (or too, without
+--skip-decode): the verify graph over blocks of N tokens and its fold. `compare` is the loop other benchmarks reuse
+with their own variants.
 """
 
 import argparse
@@ -37,6 +39,40 @@ def _set(settings: dict) -> dict:
     return old
 
 
+def _turn_about(setup, variants, build, step, key, prefix: str, rounds: int, steps: int, log) -> list[tuple]:
+    """Each variant's runner built under its settings (`build()`), its logits from one `step(runner)` on the
+    setup's caches as they were, then `step` timed back to back, turn about. Rows as compare's, `key` first."""
+    states = list(setup.st.ssm.values()) + list(setup.st.conv.values())
+    snap = [t.clone() for t in states]
+    runners, logits = {}, {}
+    for label, settings in variants:
+        old = _set(settings)
+        try:
+            r = runners[label] = build()
+            for t, s in zip(states, snap):
+                t.copy_(s)
+            logits[label] = step(r).logits.float().clone()
+        finally:
+            _set(old)
+    times = {label: [] for label in runners}
+    for _ in range(rounds):
+        for label, r in runners.items():
+            times[label].append(back_to_back(lambda: step(r), steps, rounds=1))
+    base = variants[0][0]
+    rows = []
+    for label in runners:
+        t, t0 = statistics.median(times[label]), statistics.median(times[base])
+        same = torch.equal(logits[label], logits[base])
+        err = ((logits[label] - logits[base]).norm() / logits[base].norm()).item()
+        rows.append((key, label, t, t0 / t, err, same))
+        log(f"{prefix} {label}: {t * 1e3:.3f} ms/step ({min(times[label]) * 1e3:.3f}-"
+            f"{max(times[label]) * 1e3:.3f}), {t0 / t:.3f}x {base}; logits "
+            f"{'bit-equal' if same else f'rel err {err:.2e}'}", flush=True)
+    runners.clear()
+    torch.cuda.empty_cache()
+    return rows
+
+
 @torch.no_grad()
 def compare(model, cfg, batch: int, variants: list[tuple[str, dict]], ctx: int = 1024, page_size: int = 64,
             rounds: int = 6, steps: int = 20, log=print) -> list[tuple]:
@@ -44,37 +80,50 @@ def compare(model, cfg, batch: int, variants: list[tuple[str, dict]], ctx: int =
     (batch, label, seconds a step (median of rounds), baseline / it, logits rel err vs the baseline, bit-equal)."""
     setup = DecodeSetup(cfg, batch, ctx, page_size)
     fb = setup.batch_fb()
-    states = list(setup.st.ssm.values()) + list(setup.st.conv.values())
-    snap = [t.clone() for t in states]
-    runners, logits = {}, {}
-    for label, settings in variants:
-        old = _set(settings)
-        try:
-            r = runners[label] = DecodeGraphRunner(model, setup.mem, batch_sizes=(batch,),
-                                                   max_pages_per_seq=setup.page_table.shape[1])
-            r.capture()
-            for t, s in zip(states, snap):
-                t.copy_(s)
-            logits[label] = r.run(fb).logits.float().clone()
-        finally:
-            _set(old)
-    times = {label: [] for label in runners}
-    for _ in range(rounds):
-        for label, r in runners.items():
-            times[label].append(back_to_back(lambda: r.run(fb), steps, rounds=1))
-    base = variants[0][0]
-    rows = []
-    for label in runners:
-        t, t0 = statistics.median(times[label]), statistics.median(times[base])
-        same = torch.equal(logits[label], logits[base])
-        err = ((logits[label] - logits[base]).norm() / logits[base].norm()).item()
-        rows.append((batch, label, t, t0 / t, err, same))
-        log(f"batch {batch} {label}: {t * 1e3:.3f} ms/step ({min(times[label]) * 1e3:.3f}-"
-            f"{max(times[label]) * 1e3:.3f}), {t0 / t:.3f}x {base}; logits "
-            f"{'bit-equal' if same else f'rel err {err:.2e}'}", flush=True)
-    runners = setup = None
-    torch.cuda.empty_cache()
-    return rows
+
+    def build():
+        r = DecodeGraphRunner(model, setup.mem, batch_sizes=(batch,), max_pages_per_seq=setup.page_table.shape[1])
+        r.capture()
+        return r
+
+    return _turn_about(setup, variants, build, lambda r: r.run(fb), batch, f"batch {batch}", rounds, steps, log)
+
+
+@torch.no_grad()
+def compare_verify(model, cfg, batch: int, variants: list[tuple[str, dict]], block: int, ctx: int = 1024,
+                   page_size: int = 64, rounds: int = 6, steps: int = 20, log=print) -> list[tuple]:
+    """The same variants on a speculative step's target side at `batch` blocks of `block` tokens: the verify graph
+    (`VerifyGraphRunner`, as the engine captures it) and its fold graph committing a random prefix of each block,
+    replayed together, back to back, turn about. Logits compared with the first variant's; rows as compare's."""
+    from kestrel.engine.cuda_graph import VerifyGraphRunner
+    from kestrel.models.forward_batch import ForwardBatch, ForwardMode
+
+    setup = DecodeSetup(cfg, batch, ctx + block, page_size)
+    ps, table_rows = setup.ps, setup.page_table.tolist()
+    pos = [ctx + i for i in range(block)]
+    locs = [row[p // ps] * ps + p % ps for row in table_rows for p in pos]
+    T = batch * block
+    fb = ForwardBatch(ForwardMode.VERIFY, torch.randint(3, cfg.vocab_size, (T,), device="cuda"),
+                      torch.tensor(pos * batch, device="cuda"), [block] * batch, [ctx] * batch, mem=setup.mem,
+                      page_table=setup.page_table, out_cache_loc=torch.tensor(locs, device="cuda"),
+                      state_slots=setup.slots,
+                      verify_lens_t=torch.full((batch,), block, dtype=torch.int32, device="cuda"),
+                      key_lens_t=torch.tensor([ctx + 1 + i for i in range(block)] * batch, dtype=torch.int32,
+                                              device="cuda"))
+    commit = torch.randint(1, block + 1, (batch,), dtype=torch.int32, device="cuda")
+
+    def build():
+        r = VerifyGraphRunner(model, setup.mem, (batch,), block, setup.page_table.shape[1], ())
+        r.ensure_fold(batch, block)
+        return r
+
+    def step(r):
+        out = r.run(fb)
+        r.fold(commit)
+        return out
+
+    name = f"verify {batch}x{block} + fold"
+    return _turn_about(setup, variants, build, step, name, name, rounds, steps, log)
 
 
 @torch.no_grad()
@@ -114,7 +163,10 @@ def compare_prefill(model, cfg, length: int, variants: list[tuple[str, dict]], r
 def table(rows, preset: str, baseline: str) -> str:
     out = [f"| {preset} batch | variant | ms/step | tok/s | vs {baseline} | logits vs {baseline} |", "|---|---|---|---|---|---|"]
     for B, label, t, x, err, same in rows:
-        B, tokens = (f"prefill of {-B} tokens", -B) if B < 0 else (B, B)
+        if isinstance(B, str):  # a verify step: tok/s counts its blocks (steps a second x batch)
+            B, tokens = B, int(B.split()[1].split("x")[0])
+        else:
+            B, tokens = (f"prefill of {-B} tokens", -B) if B < 0 else (B, B)
         out.append(f"| {B} | {label} | {t * 1e3:.3f} | {tokens / t:.0f} | {x:.3f}x | {'bit-equal' if same else f'{err:.1e}'} |")
     return "\n".join(out)
 
@@ -151,6 +203,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--knob", required=True, help="module.NAME=value,value,... (Python literals; the first: baseline)")
     ap.add_argument("--prefill-lens", default="", help="also one eager full-sequence forward of each length")
+    ap.add_argument("--verify-block", type=int, default=0,
+                    help="also a speculative verify (blocks of this many tokens) + fold graph at each batch size")
+    ap.add_argument("--skip-decode", action="store_true", help="no decode graphs (with --verify-block)")
     common_args(ap, "1,2,4,8")
     args = ap.parse_args()
     mod, name, values = parse_knob(args.knob)
@@ -158,7 +213,11 @@ def main() -> None:
     variants = [(f"{name}={v!r}", {(mod, name): v}) for v in values]
     rows = []
     for B in map(int, args.batches.split(",")):
-        rows += compare(model, cfg, B, variants, args.ctx, args.page_size, args.rounds, args.steps)
+        if not args.skip_decode:
+            rows += compare(model, cfg, B, variants, args.ctx, args.page_size, args.rounds, args.steps)
+        if args.verify_block:
+            rows += compare_verify(model, cfg, B, variants, args.verify_block, args.ctx, args.page_size, args.rounds,
+                                   args.steps)
     for n in filter(None, args.prefill_lens.split(",")):
         rows += compare_prefill(model, cfg, int(n), variants, args.rounds)
     print(f"\nPDL {'off' if args.disable_pdl else 'on'}")
