@@ -164,7 +164,7 @@ def table(rows, preset: str, baseline: str) -> str:
     out = [f"| {preset} batch | variant | ms/step | tok/s | vs {baseline} | logits vs {baseline} |", "|---|---|---|---|---|---|"]
     for B, label, t, x, err, same in rows:
         if isinstance(B, str):  # a verify step: tok/s counts its blocks (steps a second x batch)
-            B, tokens = B, int(B.split()[1].split("x")[0])
+            tokens = int(B.split()[1].split("x")[0])
         else:
             B, tokens = (f"prefill of {-B} tokens", -B) if B < 0 else (B, B)
         out.append(f"| {B} | {label} | {t * 1e3:.3f} | {tokens / t:.0f} | {x:.3f}x | {'bit-equal' if same else f'{err:.1e}'} |")

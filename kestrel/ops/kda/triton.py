@@ -236,7 +236,8 @@ def _kda_recur_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slot
             if t < n:
                 S = _delta_update(S, k, v, g, beta)
                 if HAS_OUT:
-                    tl.store(o_ptr + ((b * L + t) * H + h) * V + rv, tl.sum(S * q[:, None], 0).to(o_ptr.dtype.element_ty))
+                    o = tl.sum(S * q[:, None], 0).to(o_ptr.dtype.element_ty)
+                    tl.store(o_ptr + ((b * L + t) * H + h) * V + rv, o)
                 if HAS_SNAP:
                     if t + 1 == snap_n:
                         tl.store(ssm_ptr + dst * stride_ssm + tile, S)
