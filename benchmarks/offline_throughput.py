@@ -63,12 +63,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3,
                     help="engine runs per concurrency, each between two loop runs; medians reported (this machine's "
                          "speed drifts by 10-20%% between minutes, so a loop measured once up front misleads)")
+    ap.add_argument("--disable-overlap-schedule", action="store_true",
+                    help="the engine steps on the calling thread (on a CPU the forward thread otherwise competes with "
+                         "torch's own threads for the cores)")
     args = ap.parse_args()
     rows = []
     for name in args.models.split(","):
         engine_args = dict(dtype="float32", skip_tokenizer_init=True, disable_radix_cache=True)
         if args.chunked_prefill_size:
             engine_args["chunked_prefill_size"] = args.chunked_prefill_size
+        if args.disable_overlap_schedule:
+            engine_args["disable_overlap_schedule"] = True
         gen = torch.Generator().manual_seed(0)
 
         def prompts(k, vocab):

@@ -49,6 +49,28 @@ def test_packed_varlen_equals_one_by_one(lb, layout):
         assert rel_err(s[i], s_i[0]) < 1e-12
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("lb", [None, -5.0])
+def test_sequences_in_cache_sized_groups_equal_one_pass(dtype, lb, monkeypatch):
+    # the CPU form runs packed sequences in groups of CPU_GROUP_BYTES: a group of one sequence each (1 byte) must give
+    # the bits of one pass over all of them, chunk states included, for aligned and mixed layouts
+    for lens, starts in (([1, 63, 64, 65, 130, 7], [0, 5, 64, 0, 100, 63]), ([32] * 5, [0] * 5)):
+        q, k, v, g, b = make(sum(lens), lb=lb, dtype=dtype, seed=5, gate_scale=3.0 if lb else 30.0)
+        S0 = torch.randn(len(lens), 2, 8, 6, dtype=dtype)
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        res = {}
+        for budget in (1 << 40, 1):
+            monkeypatch.setattr(ref, "CPU_GROUP_BYTES", budget)
+            res[budget] = ref.kda_chunked(q, k, v, g, b, cu_seqlens=cu, initial_state=S0, start_positions=starts,
+                                          output_chunk_states=True)
+        (o1, s1, c1), (o2, s2, c2) = res[1 << 40], res[1]
+        assert torch.equal(o1, o2) and torch.equal(s1, s2)
+        for (p1, t1), (p2, t2) in zip(c1, c2):
+            assert p1 == p2 and torch.equal(t1, t2)
+
+
 def test_chunk_states_sit_on_absolute_boundaries():
     q, k, v, g, b = make(150, seed=2)
     start = 40
@@ -193,3 +215,23 @@ def test_packed_conv_equals_the_per_sequence_conv(dtype, many):
         for end in range(b - a + 1):
             got = conv.rows([i], [end])[0]
             assert torch.equal(got, window[0, end : end + W - 1]), (i, end)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_packed_conv_in_row_blocks_equals_one_pass(dtype, monkeypatch):
+    """On a CPU the conv's taps run over blocks of rows (CPU_BLOCK_BYTES): blocks of 16 rows give the bits of one
+    pass over all of them, across sequence boundaries and with the other sequences' first rows fixed up after."""
+    gen = torch.Generator().manual_seed(12)
+    C, W = 24, 4
+    lens = [1, 40, 7, 33, 64]
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    x = torch.randn(cu[-1], C, generator=gen, dtype=dtype)
+    w = torch.randn(C, W, generator=gen, dtype=dtype)
+    tails = torch.randn(len(lens), W - 1, C, generator=gen, dtype=dtype)
+    ys = []
+    for budget in (1 << 40, 1):
+        monkeypatch.setattr(ref, "CPU_BLOCK_BYTES", budget)
+        ys.append(ref.PackedConvWindows(x, cu, w, tails).y)
+    assert torch.equal(ys[0], ys[1])
