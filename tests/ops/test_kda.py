@@ -194,20 +194,24 @@ def test_chunk_table_covers_every_row_once_in_aligned_chunks():
         assert bool((seen == 1).all())
 
 
-@pytest.mark.parametrize("many", [True, False])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_packed_conv_equals_the_per_sequence_conv(dtype, many):
-    """PackedConvWindows (one pass over packed sequences) against causal_conv1d per sequence: the same outputs and
-    the same conv tails after any prefix, tails reaching back into the cached ones included."""
-    gen = torch.Generator().manual_seed(11)
-    C, W = 24, 4
-    lens = [1, 2, 7, 3, 16] if many else [9]
+def conv_inputs(lens: list[int], W: int, dtype, seed: int, C: int = 24):
+    """(cu, x [T, C], conv weight [C, W], cached tails [N, W - 1, C]) for packed sequences of these lengths."""
+    gen = torch.Generator().manual_seed(seed)
     cu = [0]
     for n in lens:
         cu.append(cu[-1] + n)
     x = torch.randn(cu[-1], C, generator=gen, dtype=dtype)
     w = torch.randn(C, W, generator=gen, dtype=dtype)
-    tails = torch.randn(len(lens), W - 1, C, generator=gen, dtype=dtype)
+    return cu, x, w, torch.randn(len(lens), W - 1, C, generator=gen, dtype=dtype)
+
+
+@pytest.mark.parametrize("many", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_packed_conv_equals_the_per_sequence_conv(dtype, many):
+    """PackedConvWindows (one pass over packed sequences) against causal_conv1d per sequence: the same outputs and
+    the same conv tails after any prefix, tails reaching back into the cached ones included."""
+    W = 4
+    cu, x, w, tails = conv_inputs([1, 2, 7, 3, 16] if many else [9], W, dtype, seed=11)
     conv = ref.PackedConvWindows(x, cu, w, tails)
     for i, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
         y, window = ref.causal_conv1d(x[None, a:b], w, tails[i : i + 1])
@@ -221,15 +225,7 @@ def test_packed_conv_equals_the_per_sequence_conv(dtype, many):
 def test_packed_conv_in_row_blocks_equals_one_pass(dtype, monkeypatch):
     """On a CPU the conv's taps run over blocks of rows (CPU_BLOCK_BYTES): blocks of 16 rows give the bits of one
     pass over all of them, across sequence boundaries and with the other sequences' first rows fixed up after."""
-    gen = torch.Generator().manual_seed(12)
-    C, W = 24, 4
-    lens = [1, 40, 7, 33, 64]
-    cu = [0]
-    for n in lens:
-        cu.append(cu[-1] + n)
-    x = torch.randn(cu[-1], C, generator=gen, dtype=dtype)
-    w = torch.randn(C, W, generator=gen, dtype=dtype)
-    tails = torch.randn(len(lens), W - 1, C, generator=gen, dtype=dtype)
+    cu, x, w, tails = conv_inputs([1, 40, 7, 33, 64], 4, dtype, seed=12)
     ys = []
     for budget in (1 << 40, 1):
         monkeypatch.setattr(ref, "CPU_BLOCK_BYTES", budget)
