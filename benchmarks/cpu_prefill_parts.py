@@ -84,6 +84,7 @@ def engine_prefills(base, rounds: int) -> None:
 
     core = EngineCore(ServerArgs(model_path="k3-small", dtype="float32", device="cpu", disable_radix_cache=True,
                                  disable_overlap_schedule=True, chunked_prefill_size=4096, max_running_requests=64))
+    vocab = core.model.cfg.vocab_size
     gen = torch.Generator().manual_seed(1)
     spent = [0.0]
     sides = {"base": (base.kda_chunked, base.PackedConvWindows), "ours": (ours.kda_chunked, ours.PackedConvWindows)}
@@ -100,7 +101,7 @@ def engine_prefills(base, rounds: int) -> None:
         ours.kda_chunked, kda_ops.PackedConvWindows = timed, conv
         try:
             for _ in range(n):
-                prompt = torch.randint(3, cfg_vocab, (length,), generator=gen).tolist()
+                prompt = torch.randint(3, vocab, (length,), generator=gen).tolist()
                 core.add_request(core.make_request(prompt, {"max_new_tokens": 1, "temperature": 0}))
             spent[0] = 0.0
             t = time.perf_counter()
@@ -110,7 +111,6 @@ def engine_prefills(base, rounds: int) -> None:
         finally:
             ours.kda_chunked, kda_ops.PackedConvWindows = ours_chunked, ours_conv
 
-    cfg_vocab = core.model.cfg.vocab_size
     for side in sides:
         wave(side, 4, 64)  # warm-up
     print("\n| engine prefill (k3-small, fp32) | baseline: wall / kda_chunked (ms) | this tree | wall ratio |")
