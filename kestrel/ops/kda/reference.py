@@ -106,7 +106,7 @@ def _chunked_batched(q, k, v, g, beta, scale, state, chunk_size, factored: bool,
     q_dec = q * scale * egc  # scaled q_i Gamma_i
     if factored:
         # the state-free part of every chunk at once: (I + A) U = diag(beta) (v - (k Gamma) S0) splits into
-        # U = U0 - W S0 with U0 and W solved for all chunks together (one triangular solve of both right-hand sides)
+        # U = U0 - W S0, with U0 and W for all chunks together (both right-hand sides through one inverse)
         mid = gc[..., C // 2 : C // 2 + 1, :]
         rise = torch.exp(gc - mid)
         k_out = (k / rise).transpose(-1, -2)  # k_j exp(m - gc_j)
