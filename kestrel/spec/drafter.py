@@ -137,6 +137,45 @@ class SlotBlock(nn.Module):
         return x.view(N, S, D)
 
 
+# off: CPU drafts through the module formulas position by position (the baseline of `_folded_drafts`)
+FOLD_CPU_DRAFTS = True
+
+
+class FoldedCorrection:
+    """The correction and head products of CPU greedy drafting, regrouped (computed in float64, stored in the
+    drafter's dtype, K-major):
+    - corr_up's input is [rms(slot), rms(state), rms(embedding)]: its weight split by column into the slot part
+      `slot_up` [D, C], the state part `state_up` [D, C], and the token part applied to every token's normalised
+      embedding once, `token_up` [V, C] (a row lookup a position instead of a norm and a product);
+    - `down` [C, D]: corr_down's weight;
+    - `head` [D, V]: the output norm's weight, out_proj and lm_head as one product (logits = rms(state) @ head).
+    `source` is the weights' identity (storage and version counter) it was made from."""
+
+    def __init__(self, d: "DSparkDrafter", source: tuple):
+        D, T = d.cfg.hidden_size, d.cfg.target_hidden_size
+        dt, f64 = d.fc.weight.dtype, torch.float64
+        up = d.corr_up.weight.detach().to(f64)  # [C, 2D + T]
+        emb = rms(d.embed_tokens.weight.detach().to(f64), d.cfg.rms_norm_eps)
+        head = d.lm_head.weight.detach().to(f64)  # [V, T]
+        if d.out_proj is not None:
+            head = head @ d.out_proj.weight.detach().to(f64)  # [V, D]
+        head = head * d.out_norm.detach().to(f64)
+        self.slot_up = up[:, :D].t().contiguous().to(dt)
+        self.state_up = up[:, D : 2 * D].t().contiguous().to(dt)
+        self.token_up = (emb @ up[:, 2 * D :].t()).to(dt)
+        self.down = d.corr_down.weight.detach().t().contiguous()
+        self.head = head.t().contiguous().to(dt)
+        self.source = source
+        assert self.token_up.shape[1] == self.slot_up.shape[1] and emb.shape[1] == T
+
+    @staticmethod
+    def key(d: "DSparkDrafter") -> tuple:
+        ws = [d.corr_up.weight, d.corr_down.weight, d.embed_tokens.weight, d.lm_head.weight, d.out_norm]
+        if d.out_proj is not None:
+            ws.append(d.out_proj.weight)
+        return tuple((w.data_ptr(), w._version, w.dtype) for w in ws)
+
+
 def default_feature_layers(num_target_layers: int, count: int = 4) -> tuple[int, ...]:
     """`count` layers spread evenly over the target's depth, the last one included (8 layers: 1, 3, 5, 7)."""
     count = min(count, num_target_layers)
@@ -312,6 +351,8 @@ class DSparkDrafter(nn.Module):
             raise ValueError(f"temperature = {temperature} must be >= 0")
         if temperature == 0 and not want_probs and not want_confidence and features.is_cuda:
             return DraftOutput(self._greedy_tokens(features, last_token, gamma), None, None)
+        if temperature == 0 and not want_probs and not features.is_cuda and FOLD_CPU_DRAFTS:
+            return self._folded_drafts(features, last_token, gamma, want_confidence)
         ctx, slots = self.block(features, last_token, gamma)
         state, token = ctx, last_token
         tokens, probs, states, peaks = [], [], [], []
@@ -331,6 +372,41 @@ class DSparkDrafter(nn.Module):
         # the confidence head once over every position (on a GPU, a few launches instead of a few per position)
         conf = torch.sigmoid(self.confidence_from(torch.stack(states, 1), torch.stack(peaks, 1))) if states else None
         return DraftOutput(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None, conf)
+
+    def _folded_drafts(self, features: torch.Tensor, last_token: torch.Tensor, gamma: int,
+                       want_confidence: bool) -> DraftOutput:
+        """propose's greedy drafts (no distributions) on a CPU with the correction's products regrouped
+        (`FoldedCorrection`): the slot part of the correction's up projection for every position in one product
+        before the loop, the token part looked up, the output norm and projection folded into the vocabulary
+        projection, and each corrected state normalised once (the next position's correction input and the head
+        read the same norm). The same sums, rounded otherwise: the logits agree with the loop's to rounding, so the
+        tokens only differ where two logits tie within it. About seven ops a position instead of sixteen."""
+        eps = self.cfg.rms_norm_eps
+        fold = self._folded()
+        ctx, slots = self.block(features, last_token, gamma)
+        slot_up = rms(slots, eps) @ fold.slot_up  # [N, gamma, C]
+        state_n, token = rms(ctx, eps), last_token
+        tokens, states, peaks = [], [], []
+        for i in range(gamma):
+            a = torch.addmm(slot_up[:, i] + fold.token_up[token], state_n, fold.state_up)
+            state = torch.addmm(slots[:, i], F.silu(a, inplace=True), fold.down)
+            state_n = rms(state, eps)
+            logits = state_n @ fold.head
+            token = ops.argmax(logits)
+            tokens.append(token)
+            if want_confidence:
+                states.append(state)
+                peaks.append(self.peak(logits))
+        conf = torch.sigmoid(self.confidence_from(torch.stack(states, 1), torch.stack(peaks, 1))) if states else None
+        return DraftOutput(torch.stack(tokens, 1), None, conf)
+
+    def _folded(self) -> "FoldedCorrection":
+        """This drafter's FoldedCorrection, made on first use and again whenever a weight it reads moved."""
+        key = FoldedCorrection.key(self)
+        fold = self.__dict__.get("_fold")
+        if fold is None or fold.source != key:
+            fold = self.__dict__["_fold"] = FoldedCorrection(self, key)
+        return fold
 
     def _greedy_tokens(self, features: torch.Tensor, last_token: torch.Tensor, gamma: int) -> torch.Tensor:
         """propose's greedy drafts [B, gamma] (the serving loop's case: no distributions, no confidence) through

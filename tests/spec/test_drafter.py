@@ -10,6 +10,8 @@ from kestrel.models.presets import init_random, preset_config
 from kestrel.spec.distill import (DistillArgs, batch_rows, calibration, measure_acceptance, measure_acceptance_online,
                                   split_rows, teacher_forced_stats, train_drafter)
 from kestrel.spec.distill_data import label_sequences
+from kestrel.ops.dspark.reference import rms
+from kestrel.spec import drafter as drafter_module
 from kestrel.spec.drafter import DSparkConfig, DSparkDrafter, default_feature_layers
 
 SMALL = dict(target_hidden_size=32, feature_layers=(0, 2), vocab_size=96, hidden_size=24, num_layers=2,
@@ -69,10 +71,11 @@ def test_confidence_once_over_positions_equals_per_position():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_greedy_drafts_through_the_ops_equal_the_loop(dtype):
+def test_greedy_drafts_through_the_ops_equal_the_loop(dtype, monkeypatch):
     """A GPU's greedy drafts (no distributions, no confidence) go through the correction ops and the block through
     kestrel's linear ops; with the reference ops (the CPU) that path gives the same tokens, and the same block
-    outputs bit for bit, as propose's loop and the module formulas (which the CPU itself runs: faster there)."""
+    outputs bit for bit, as propose's loop and the module formulas."""
+    monkeypatch.setattr(drafter_module, "FOLD_CPU_DRAFTS", False)  # the CPU's folded products round otherwise
     d = small_drafter(dtype=dtype)
     f, last = inputs(d, B=16)
     f = f.to(dtype)
@@ -83,6 +86,58 @@ def test_greedy_drafts_through_the_ops_equal_the_loop(dtype):
         x = torch.randn(16, 7, d.cfg.hidden_size, dtype=dtype)
         for layer in d.layers:
             assert torch.equal(layer._draft_forward(x), layer(x))
+
+
+@pytest.mark.parametrize("width", [24, 32])  # 24: an output projection to the target's width; 32: none
+def test_folded_cpu_drafts_equal_the_loop(width, monkeypatch):
+    """CPU greedy drafting regroups the correction's and the head's products (FoldedCorrection). At float64 it
+    drafts the tokens of the module formulas' loop, with their confidences; at float32 the logits agree to
+    rounding."""
+    d = small_drafter(dtype=torch.float64, hidden_size=width)
+    assert (d.out_proj is None) == (width == d.cfg.target_hidden_size)
+    with torch.no_grad():
+        d.out_norm.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(4))  # folded into the head
+    f, last = inputs(d, B=32)
+    f = f.double()
+    fast = d.propose(f, last, 6, want_probs=False)
+    monkeypatch.setattr(drafter_module, "FOLD_CPU_DRAFTS", False)
+    loop = d.propose(f, last, 6, want_probs=False)
+    assert torch.equal(fast.tokens, loop.tokens) and fast.probs is None
+    assert torch.allclose(fast.confidence, loop.confidence, rtol=0, atol=1e-12)
+    # the logits themselves, fed the loop's tokens, at float32
+    d = d.float()
+    ctx, slots = d.block(f.float(), last, 6)
+    state = d.correct(slots[:, 0], ctx, last)
+    fold = d._folded()
+    eps = d.cfg.rms_norm_eps
+    a = torch.addmm((rms(slots[:, 0], eps) @ fold.slot_up) + fold.token_up[last], rms(ctx, eps), fold.state_up)
+    mine = torch.addmm(slots[:, 0], torch.nn.functional.silu(a), fold.down)
+    assert torch.allclose(mine, state, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(rms(mine, eps) @ fold.head, d.logits(state), rtol=1e-4, atol=1e-4)
+
+
+def test_folded_products_follow_the_weights(monkeypatch):
+    """The folded products are made again when a weight they come from changes in place or is replaced."""
+    d = small_drafter(dtype=torch.float64)
+    f, last = inputs(d, B=32)
+    f = f.double()
+
+    def both():
+        monkeypatch.setattr(drafter_module, "FOLD_CPU_DRAFTS", True)
+        fast = d.propose(f, last, 5, want_probs=False, want_confidence=False).tokens
+        monkeypatch.setattr(drafter_module, "FOLD_CPU_DRAFTS", False)
+        return fast, d.propose(f, last, 5, want_probs=False, want_confidence=False).tokens
+
+    before = both()[0]
+    with torch.no_grad():
+        d.corr_up.weight.mul_(-3.0)
+        d.out_norm.add_(torch.randn(d.out_norm.shape, dtype=torch.float64))
+    fast, loop = both()
+    assert torch.equal(fast, loop) and not torch.equal(fast, before)
+    with torch.no_grad():
+        d.lm_head.weight = d.embed_tokens.weight = torch.nn.Parameter(torch.randn_like(d.embed_tokens.weight))
+    fast, loop = both()
+    assert torch.equal(fast, loop)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
