@@ -85,9 +85,16 @@ def accept_greedy(logits: torch.Tensor, drafts: torch.Tensor, keep: torch.Tensor
     Returns (packed [B, G + 2] int64: the drafts, the target's token after the accepted ones, the number accepted;
     commit [B] int32 steps to fold (accepted + 1, 0 for padding); snapshots [B] int32 (snap_n where the commit
     reaches it, else 0); rows [B] int64, the logits row of each block's last committed position)."""
+    B = drafts.shape[0]
+    return accept_top(ops.argmax(logits).view(B, logits.shape[0] // B), drafts, keep, n, snap_n)
+
+
+def accept_top(top: torch.Tensor, drafts: torch.Tensor, keep: torch.Tensor, n: torch.Tensor,
+               snap_n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """accept_greedy from the target's argmax tokens top [B, L] (each block's row up to its first mismatch is all
+    it reads: see lazy_top)."""
     B, G = drafts.shape
-    L = logits.shape[0] // B
-    top = ops.argmax(logits).view(B, L)
+    L = top.shape[1]
     steps = torch.arange(L - 1, device=keep.device).view(1, L - 1)
     match = (drafts[:, : L - 1] == top[:, : L - 1]) & (steps < keep.view(B, 1))
     acc = match.long().cumprod(1).sum(1)
@@ -96,3 +103,32 @@ def accept_greedy(logits: torch.Tensor, drafts: torch.Tensor, keep: torch.Tensor
     snaps = torch.where(taken, snap_n, 0).to(torch.int32)
     rows = torch.arange(B, device=keep.device) * L + (commit.long() - 1).clamp_min(0)
     return torch.cat([drafts, top.gather(1, acc.view(B, 1)), acc.view(B, 1)], 1), commit, snaps, rows
+
+
+def lazy_top(hidden: torch.Tensor, head, drafts: torch.Tensor, keep: torch.Tensor, n: torch.Tensor,
+             L: int) -> torch.Tensor:
+    """The target's argmax tokens [B, L] that greedy acceptance reads (accept_top), with the vocabulary projection
+    `head` (rows [R, D] -> logits [R, V]) applied only to those rows: position j of the blocks whose drafts all
+    matched before j. Each block's rows up to its first mismatch (or its last allowed draft) are computed; later
+    entries are left 0, which acceptance never reads (a padding block's, n = 0, are all 0: its packed row then
+    differs from accept_greedy's, and nothing reads it). hidden [B * L, D] the final normed states of B blocks of L
+    tokens. A host loop over positions (a CPU path): at ~3 tokens a step, ~3 of the 8 rows of the LM head."""
+    B = drafts.shape[0]
+    top = [[0] * L for _ in range(B)]
+    keep_l, n_l, d = keep.tolist(), n.tolist(), drafts.tolist()
+    live = [i for i in range(B) if n_l[i] > 0]
+    for j in range(L):
+        if not live:
+            break
+        if len(live) == 1:  # a view of the one row
+            rows = hidden[live[0] * L + j : live[0] * L + j + 1]
+        else:
+            rows = hidden[torch.tensor([i * L + j for i in live], device=hidden.device)]
+        toks = ops.argmax(head(rows)).tolist()
+        nxt = []
+        for i, tok in zip(live, toks):
+            top[i][j] = tok
+            if j < keep_l[i] and j + 1 < min(L, n_l[i]) and tok == d[i][j]:
+                nxt.append(i)
+        live = nxt
+    return torch.tensor(top, dtype=torch.long, device=hidden.device)
