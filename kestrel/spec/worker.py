@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 BUNDLED_DRAFTER = Path(__file__).resolve().parent.parent / "assets" / "k3-small-dspark"
 # below this many requests a step there is nothing for the planner to save (DESIGN §4)
 PLANNER_MIN_BATCH = 8
-# off: the CPU's greedy step runs the LM head on every verified row (the baseline of dspark_ops.lazy_top)
+# off: the CPU's greedy step runs the LM head on every verified row (the baseline of dspark_ops.accept_lazy)
 LAZY_CPU_HEAD = True
 # a gap between two speculative steps longer than this is the engine idling (no work), not per-step overhead
 IDLE_GAP_S = 0.25
@@ -307,11 +307,11 @@ class SpecWorker:
         ids = torch.cat([x0.view(B, 1), draft.tokens[:, : L - 1]], 1).view(-1)
         fb = self._device_batch(ids, prefix, n, table, slots, L)
         if LAZY_CPU_HEAD and fb.input_ids.device.type == "cpu":
-            # on a CPU the LM head runs afterwards on the rows acceptance reads (lazy_top), not on every block row
+            # on a CPU the LM head runs afterwards on the rows acceptance reads (accept_lazy), not on every block row
             fb.logits_indices = ids.new_empty(0)
             out = r.model(fb)
-            top = dspark_ops.lazy_top(out.hidden, r.model.lm_head, draft.tokens, keep, n, L)
-            packed, commit, snap_steps, rows = dspark_ops.accept_top(top, draft.tokens, keep, n, snap_n)
+            packed, commit, snap_steps, rows = dspark_ops.accept_lazy(out.hidden, r.model.lm_head, draft.tokens, keep,
+                                                                      n, snap_n, L)
         else:
             out = r.model(fb)
             packed, commit, snap_steps, rows = dspark_ops.accept_greedy(out.logits, draft.tokens, keep, n, snap_n)

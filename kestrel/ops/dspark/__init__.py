@@ -2,7 +2,7 @@
 
 from kestrel.ops import kernel
 from kestrel.ops.dspark import reference
-from kestrel.ops.dspark.reference import accept_top, decode, lazy_top, pack  # noqa: F401
+from kestrel.ops.dspark.reference import accept_lazy, decode, pack  # noqa: F401
 
 # the most rows the kernels serve (one program per row and output tile; more rows go to cuBLAS and torch)
 KERNEL_MAX_ROWS = 8

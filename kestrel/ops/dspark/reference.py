@@ -85,16 +85,9 @@ def accept_greedy(logits: torch.Tensor, drafts: torch.Tensor, keep: torch.Tensor
     Returns (packed [B, G + 2] int64: the drafts, the target's token after the accepted ones, the number accepted;
     commit [B] int32 steps to fold (accepted + 1, 0 for padding); snapshots [B] int32 (snap_n where the commit
     reaches it, else 0); rows [B] int64, the logits row of each block's last committed position)."""
-    B = drafts.shape[0]
-    return accept_top(ops.argmax(logits).view(B, logits.shape[0] // B), drafts, keep, n, snap_n)
-
-
-def accept_top(top: torch.Tensor, drafts: torch.Tensor, keep: torch.Tensor, n: torch.Tensor,
-               snap_n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """accept_greedy from the target's argmax tokens top [B, L] (each block's row up to its first mismatch is all
-    it reads: see lazy_top)."""
     B, G = drafts.shape
-    L = top.shape[1]
+    L = logits.shape[0] // B
+    top = ops.argmax(logits).view(B, L)
     steps = torch.arange(L - 1, device=keep.device).view(1, L - 1)
     match = (drafts[:, : L - 1] == top[:, : L - 1]) & (steps < keep.view(B, 1))
     acc = match.long().cumprod(1).sum(1)
@@ -105,17 +98,18 @@ def accept_top(top: torch.Tensor, drafts: torch.Tensor, keep: torch.Tensor, n: t
     return torch.cat([drafts, top.gather(1, acc.view(B, 1)), acc.view(B, 1)], 1), commit, snaps, rows
 
 
-def lazy_top(hidden: torch.Tensor, head, drafts: torch.Tensor, keep: torch.Tensor, n: torch.Tensor,
-             L: int) -> torch.Tensor:
-    """The target's argmax tokens [B, L] that greedy acceptance reads (accept_top), with the vocabulary projection
-    `head` (rows [R, D] -> logits [R, V]) applied only to those rows: position j of the blocks whose drafts all
-    matched before j. Each block's rows up to its first mismatch (or its last allowed draft) are computed; later
-    entries are left 0, which acceptance never reads (a padding block's, n = 0, are all 0: its packed row then
-    differs from accept_greedy's, and nothing reads it). hidden [B * L, D] the final normed states of B blocks of L
-    tokens. A host loop over positions (a CPU path): at ~3 tokens a step, ~3 of the 8 rows of the LM head."""
-    B = drafts.shape[0]
-    top = [[0] * L for _ in range(B)]
-    keep_l, n_l, d = keep.tolist(), n.tolist(), drafts.tolist()
+
+def accept_lazy(hidden: torch.Tensor, head, drafts: torch.Tensor, keep: torch.Tensor, n: torch.Tensor,
+                snap_n: torch.Tensor, L: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """accept_greedy with the vocabulary projection `head` (rows [R, D] -> logits [R, V]) applied only to the rows
+    acceptance reads: position j of the blocks whose drafts all matched before j, so each block's rows up to its
+    first mismatch (or its last allowed draft). hidden [B * L, D]: the final normed states of the B blocks of L
+    tokens. A host loop over positions (the CPU's greedy step): at ~3 tokens a step, ~3 of a block's 8 rows of
+    the LM head, each a one-row product. Returns accept_greedy's four tensors; a padding block's (n = 0) packed
+    row holds zeros for the target's token and the count (accept_greedy's holds its argmax): nothing reads it."""
+    B, G = drafts.shape
+    keep_l, n_l, snap_l, d = keep.tolist(), n.tolist(), snap_n.tolist(), drafts.tolist()
+    acc, bonus = [0] * B, [0] * B
     live = [i for i in range(B) if n_l[i] > 0]
     for j in range(L):
         if not live:
@@ -124,11 +118,17 @@ def lazy_top(hidden: torch.Tensor, head, drafts: torch.Tensor, keep: torch.Tenso
             rows = hidden[live[0] * L + j : live[0] * L + j + 1]
         else:
             rows = hidden[torch.tensor([i * L + j for i in live], device=hidden.device)]
-        toks = ops.argmax(head(rows)).tolist()
         nxt = []
-        for i, tok in zip(live, toks):
-            top[i][j] = tok
+        for i, tok in zip(live, ops.argmax(head(rows)).tolist()):
             if j < keep_l[i] and j + 1 < min(L, n_l[i]) and tok == d[i][j]:
-                nxt.append(i)
+                nxt.append(i)  # draft j accepted: row j + 1 is read too
+            else:
+                acc[i], bonus[i] = j, tok
         live = nxt
-    return torch.tensor(top, dtype=torch.long, device=hidden.device)
+    commit = [a + 1 if m > 0 else 0 for a, m in zip(acc, n_l)]
+    snaps = [s if 0 < s <= c else 0 for s, c in zip(snap_l, commit)]
+    dev = drafts.device
+    tail = torch.tensor([bonus, acc], dtype=drafts.dtype, device=dev).t()
+    return (torch.cat([drafts, tail], 1), torch.tensor(commit, dtype=torch.int32, device=dev),
+            torch.tensor(snaps, dtype=torch.int32, device=dev),
+            torch.tensor([i * L + max(c - 1, 0) for i, c in enumerate(commit)], device=dev))
