@@ -433,7 +433,9 @@ def kda_verify(x, raw_gate, beta, lens: list[int], conv_weight, conv_state, ssm,
         k, g = k * valid[..., None, None].to(y.dtype), g * valid[..., None, None]
         beta = beta * valid[..., None].to(beta.dtype)
     # the closed form, unless the snapshot baseline needs every step's state or the gates are too steep for it
-    o = None if snapshot_states else kda_block_outputs(q, k, v, g, beta, ssm[rows], scale)
+    # gates above lower_bound: the cumulative gate stays above L * lower_bound, so the closed form needs no check
+    safe = lower_bound is not None and L * lower_bound >= _BLOCK_MIN_CUMGATE
+    o = None if snapshot_states else kda_block_outputs(q, k, v, g, beta, ssm[rows], scale, checked=safe)
     states = []
     if o is None:  # the token loop on a copy of the committed state
         state, out = ssm[rows].clone(), []
@@ -451,27 +453,40 @@ def kda_verify(x, raw_gate, beta, lens: list[int], conv_weight, conv_state, ssm,
 _BLOCK_MIN_CUMGATE = -80.0
 
 
-def kda_block_outputs(q, k, v, g, beta, state, scale: float):
+def _block_masks(L: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(identity [L, L], upper incl. the diagonal, strictly upper) of one block length, made once."""
+    key = (L, dtype, str(device))
+    masks = _BLOCK_MASKS.get(key)
+    if masks is None:
+        upper = torch.ones(L, L, dtype=torch.bool, device=device).triu()
+        masks = _BLOCK_MASKS[key] = (torch.eye(L, dtype=dtype, device=device), upper, upper.triu(1))
+    return masks
+
+
+_BLOCK_MASKS: dict = {}
+
+
+def kda_block_outputs(q, k, v, g, beta, state, scale: float, checked: bool = False):
     """The outputs of L recurrence steps from `state` (not written) in closed form: one WY chunk, a dozen batched
     products instead of L dependent steps (the CPU verify pass; ~4x fewer launches at L = 8). q, k, g [B, L, H, K];
     v [B, L, H, V]; beta [B, L, H]; state [B, H, K, V]. Returns o [B, L, H, V] in the state dtype, equal to the
     token loop's up to rounding, or None when the cumulative gate falls below _BLOCK_MIN_CUMGATE (then the caller
-    runs the loop). Only outputs: the committed state is ReplaySSM's fold's job, bit-exact with decode."""
+    runs the loop; `checked`: the caller knows it cannot, and nothing is read back to test it). Only outputs: the
+    committed state is ReplaySSM's fold's job, bit-exact with decode."""
     dt = state.dtype
     q, k, v, g = (t.to(dt).transpose(1, 2) for t in (q, k, v, g))  # [B, H, L, *]
     beta = beta.to(dt).transpose(1, 2).unsqueeze(-1)  # [B, H, L, 1]
     gc = g.cumsum(2)
-    if g.numel() and float(gc.min()) < _BLOCK_MIN_CUMGATE:
+    if not checked and g.numel() and float(gc.min()) < _BLOCK_MIN_CUMGATE:
         return None
     decay = torch.exp(gc)
     kd, ki, qd = k * decay, k * torch.exp(-gc), q * (scale * decay)  # k_i Gamma_i, k_j Gamma_j^-1, scaled q_i Gamma_i
-    L = k.shape[2]
-    upper = torch.ones(L, L, dtype=torch.bool, device=k.device).triu()
+    eye, upper, strict = _block_masks(k.shape[2], dt, k.device)
     kt = ki.transpose(-1, -2)
     # (I + diag(beta) A) U = diag(beta) (v - kd S0), A_ij = k_i Gamma_i Gamma_j^-1 k_j for j < i; U_j = beta_j u_j
-    lower = torch.addcmul(torch.eye(L, dtype=dt, device=k.device), beta, (kd @ kt).masked_fill(upper, 0))
+    lower = torch.addcmul(eye, beta, (kd @ kt).masked_fill(upper, 0))
     u = torch.linalg.solve_triangular(lower, beta * (v - kd @ state), upper=False, unitriangular=True)
-    o = qd @ state + (qd @ kt).masked_fill(upper.triu(1), 0) @ u
+    o = qd @ state + (qd @ kt).masked_fill(strict, 0) @ u
     return o.transpose(1, 2).contiguous()
 
 
