@@ -31,6 +31,7 @@ class MLAMixer(nn.Module):
         self.kv_a_proj_with_mqa = Linear(D, self.rank + self.rope, dtype=dtype)
         self.kv_a_layernorm = RMSNorm(self.rank, LATENT_NORM_EPS, dtype=dtype)
         self.kv_b_proj = Linear(self.rank, H * (self.nope + self.v_dim), dtype=dtype)
+        self.kv_b_proj.cpu_kmajor = False  # viewed per head (the absorbed decode), not only multiplied
         self.o_proj = Linear(H * self.v_dim, D, dtype=dtype)
         if cfg.mla_use_output_gate:
             self.g_proj = Linear(D, H * self.v_dim, dtype=dtype)

@@ -243,3 +243,41 @@ def test_a_recorded_forward_of_a_trainable_model_takes_the_differentiable_ops(ti
     finally:
         hook.remove()
         tiny64.zero_grad(set_to_none=True)
+
+
+def test_kmajor_cpu_layout_keeps_the_model(tiny64):
+    """cpu_kmajor_layout stores each linear weight K-major under a transposed view: every parameter keeps its shape
+    and value, the outputs keep theirs (to rounding: other products' summation order), and the tied LM head (the
+    embedding table) and the per-head-viewed MLA kv_b_proj stay row-major. The engine takes the layout on a CPU
+    with speculative decoding (its verify blocks), not without."""
+    import copy
+
+    from kestrel.config import ServerArgs
+    from kestrel.engine.model_runner import kmajor_cpu_weights
+    from kestrel.models.k3 import K3ForCausalLM
+    from kestrel.models.layers.linear import cpu_kmajor_layout
+    from kestrel.models.presets import preset_config
+
+    model = copy.deepcopy(tiny64)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    moved = cpu_kmajor_layout(model)
+    names = {n for n, p in model.named_parameters() if not p.is_contiguous()}
+    assert moved == len(names) > 10
+    assert all(model.get_parameter(n).t().is_contiguous() for n in names)
+    assert "lm_head.weight" in names  # untied here
+    assert not any("embed" in n or "kv_b_proj" in n for n in names)
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    toks = tokens(40, seed=3)
+    assert rel_err(model.reference_logits(toks), tiny64.reference_logits(toks)) < 1e-12
+    mems = [make_mem(m) for m in (tiny64, model)]
+    seqs = [Seq(mem, toks) for mem in mems]
+    outs = [run_batch(m, mem, [s], [30]) for m, mem, s in zip((tiny64, model), mems, seqs)]
+    for _ in range(5):
+        outs = [run_batch(m, mem, [s], [1], ForwardMode.DECODE) for m, mem, s in zip((tiny64, model), mems, seqs)]
+        assert rel_err(outs[1], outs[0]) < 1e-12
+    assert cpu_kmajor_layout(model) == 0  # already K-major: nothing moves twice
+    tied = K3ForCausalLM(preset_config("k3-tiny", tie_word_embeddings=True), dtype=torch.float64)
+    cpu_kmajor_layout(tied)
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight and tied.lm_head.weight.is_contiguous()
+    assert kmajor_cpu_weights(ServerArgs(model_path="k3-tiny", speculative_algorithm="dspark"))
+    assert not kmajor_cpu_weights(ServerArgs(model_path="k3-tiny"))
