@@ -23,16 +23,10 @@ from kestrel.models.layers.linear import cpu_kmajor_layout
 log = logging.getLogger(__name__)
 
 CPU_DEFAULT_TOKENS = 1 << 17
-# a CPU model's linear weights K-major (cpu_kmajor_layout): True, False, or None for "with speculative decoding".
-# Paired per prompt on k3-small (runs/ scripts of the session of 2026-12-03 14:02, docs/benchmarks.md), K-major
-# made a speculative engine's batch-1 decode ~5% faster (its verify blocks' 8-row products) and a plain engine's
-# ~3% slower (one-row products)
-KMAJOR_CPU_WEIGHTS: bool | None = None
-
-
-def kmajor_cpu_weights(args: ServerArgs) -> bool:
-    """Whether a CPU engine with these arguments stores its linear weights K-major."""
-    return bool(args.speculative) if KMAJOR_CPU_WEIGHTS is None else KMAJOR_CPU_WEIGHTS
+# off: a CPU model keeps its checkpoint's row-major linear weights (the baseline of cpu_kmajor_layout). Paired per
+# prompt on k3-small (benchmarks/cpu_knobs.py), K-major made batch-1 DSpark decoding ~5% faster (its 8-row verify
+# products) and plain decoding 0.97x-1.04x in two runs (one-row products); batched prefill and decode unchanged
+KMAJOR_CPU_WEIGHTS = True
 
 
 class ModelRunner:
@@ -56,7 +50,7 @@ class ModelRunner:
         # process-wide, before any graph is captured (launches are recorded with their attributes); CPU tensors and
         # pre-Hopper GPUs never launch with it whatever this says
         ops.PDL = not args.disable_pdl
-        if self.device.type == "cpu" and kmajor_cpu_weights(args):
+        if self.device.type == "cpu" and KMAJOR_CPU_WEIGHTS:
             cpu_kmajor_layout(model)  # MKL's few-row products (a verify block) run faster over it
         if self.device.type == "cuda":
             # one GEMM per group of projections sharing an input (weights become views: no extra memory)

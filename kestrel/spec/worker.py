@@ -23,9 +23,9 @@ import torch
 from torch.profiler import record_function
 
 import kestrel.ops as ops
+from kestrel.engine import model_runner
 from kestrel.engine.batch import Batch, BatchResult, int_tensor, padded_rows
 from kestrel.engine.sampler import token_logprobs
-from kestrel.engine import model_runner
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode
 from kestrel.models.layers.linear import cpu_kmajor_layout
 from kestrel.ops import dspark as dspark_ops
@@ -53,7 +53,7 @@ class SpecWorker:
             raise FileNotFoundError(f"no DSpark drafter at {path}: pass --speculative-draft-model-path")
         dtype = torch.float32 if runner.dtype == torch.float64 else runner.dtype
         self.drafter = DSparkDrafter.load(path, device=runner.device, dtype=dtype)
-        if runner.device.type == "cpu" and model_runner.kmajor_cpu_weights(runner.args):
+        if runner.device.type == "cpu" and model_runner.KMAJOR_CPU_WEIGHTS:
             cpu_kmajor_layout(self.drafter)  # its block's products are few-row too
         if gamma > self.drafter.cfg.gamma_max:
             raise ValueError(f"--speculative-num-draft-tokens {gamma} exceeds the drafter's {self.drafter.cfg.gamma_max}")

@@ -248,12 +248,11 @@ def test_a_recorded_forward_of_a_trainable_model_takes_the_differentiable_ops(ti
 def test_kmajor_cpu_layout_keeps_the_model(tiny64):
     """cpu_kmajor_layout stores each linear weight K-major under a transposed view: every parameter keeps its shape
     and value, the outputs keep theirs (to rounding: other products' summation order), and the tied LM head (the
-    embedding table) and the per-head-viewed MLA kv_b_proj stay row-major. The engine takes the layout on a CPU
-    with speculative decoding (its verify blocks), not without."""
+    embedding table) and the per-head-viewed MLA kv_b_proj stay row-major. A CPU engine takes the layout
+    (and its drafter)."""
     import copy
 
-    from kestrel.config import ServerArgs
-    from kestrel.engine.model_runner import kmajor_cpu_weights
+    from kestrel import Engine
     from kestrel.models.k3 import K3ForCausalLM
     from kestrel.models.layers.linear import cpu_kmajor_layout
     from kestrel.models.presets import preset_config
@@ -279,5 +278,10 @@ def test_kmajor_cpu_layout_keeps_the_model(tiny64):
     tied = K3ForCausalLM(preset_config("k3-tiny", tie_word_embeddings=True), dtype=torch.float64)
     cpu_kmajor_layout(tied)
     assert tied.lm_head.weight is tied.model.embed_tokens.weight and tied.lm_head.weight.is_contiguous()
-    assert kmajor_cpu_weights(ServerArgs(model_path="k3-tiny", speculative_algorithm="dspark"))
-    assert not kmajor_cpu_weights(ServerArgs(model_path="k3-tiny"))
+    eng = Engine(model="k3-small", skip_tokenizer_init=True, speculative_algorithm="dspark")
+    try:
+        for m in (eng.core.runner.model, eng.core.runner.spec.drafter):
+            w = [p for n, p in m.named_parameters() if n.endswith(("o_proj.weight", "corr_up.weight"))]
+            assert w and all(p.t().is_contiguous() and not p.is_contiguous() for p in w)
+    finally:
+        eng.shutdown()
