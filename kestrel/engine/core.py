@@ -40,6 +40,7 @@ class EngineCore:
     def __init__(self, args: ServerArgs, model=None):
         self.args = args
         torch.manual_seed(args.random_seed)
+        owns_model = model is None  # a model handed in is the caller's: its storage layout is left alone
         if model is None:
             resolved = resolve(args.model_path, args.torch_dtype, args.resolved_device, args.random_seed)
             model, self.model_name, tok_dir = resolved.model, resolved.name, resolved.tokenizer_dir
@@ -57,7 +58,7 @@ class EngineCore:
             self.tokenizer = Tokenizer(path)
         self.context_len = min(args.context_length or self.cfg.model_max_length, self.cfg.model_max_length)
         cache = self._make_cache()
-        self.runner = ModelRunner(args, model, cache.slots_per_request)
+        self.runner = ModelRunner(args, model, cache.slots_per_request, owns_model)
         self.mm = MemoryManager(self.runner.mem, cache)
         self.scheduler = Scheduler(args, self.runner, self.mm, self._stop_checker if self.tokenizer else None,
                                    self.context_len)

@@ -23,14 +23,17 @@ from kestrel.models.layers.linear import cpu_kmajor_layout
 log = logging.getLogger(__name__)
 
 CPU_DEFAULT_TOKENS = 1 << 17
-# off: a CPU model keeps its checkpoint's row-major linear weights (the baseline of cpu_kmajor_layout). Paired per
-# prompt on k3-small (benchmarks/cpu_knobs.py), K-major made batch-1 DSpark decoding ~5% faster (its 8-row verify
-# products) and plain decoding 0.97x-1.04x in two runs (one-row products); batched prefill and decode unchanged
+# off: a CPU model the engine loads keeps its checkpoint's row-major linear weights (the baseline of
+# cpu_kmajor_layout). Paired per prompt on k3-small (benchmarks/cpu_knobs.py), K-major made batch-1 DSpark decoding
+# ~5% faster (its 8-row verify products) and plain decoding 0.97x-1.04x in two runs (one-row products); batched
+# prefill and decode forwards were unchanged
 KMAJOR_CPU_WEIGHTS = True
 
 
 class ModelRunner:
-    def __init__(self, args: ServerArgs, model: K3ForCausalLM, slots_per_request: int):
+    def __init__(self, args: ServerArgs, model: K3ForCausalLM, slots_per_request: int, owns_model: bool = False):
+        """owns_model: the engine loaded the model itself, so the runner may change its weights' storage layout
+        (K-major on a CPU); a model handed in keeps its own (tests share one model between engines and references)."""
         self.args, self.model, self.cfg = args, model, model.cfg
         self.device = model.lm_head.weight.device
         self.dtype = model.dtype
@@ -50,7 +53,8 @@ class ModelRunner:
         # process-wide, before any graph is captured (launches are recorded with their attributes); CPU tensors and
         # pre-Hopper GPUs never launch with it whatever this says
         ops.PDL = not args.disable_pdl
-        if self.device.type == "cpu" and KMAJOR_CPU_WEIGHTS:
+        self.kmajor = self.device.type == "cpu" and KMAJOR_CPU_WEIGHTS and owns_model
+        if self.kmajor:
             cpu_kmajor_layout(model)  # MKL's few-row products (a verify block) run faster over it
         if self.device.type == "cuda":
             # one GEMM per group of projections sharing an input (weights become views: no extra memory)

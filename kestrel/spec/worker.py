@@ -23,7 +23,6 @@ import torch
 from torch.profiler import record_function
 
 import kestrel.ops as ops
-from kestrel.engine import model_runner
 from kestrel.engine.batch import Batch, BatchResult, int_tensor, padded_rows
 from kestrel.engine.sampler import token_logprobs
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode
@@ -53,8 +52,8 @@ class SpecWorker:
             raise FileNotFoundError(f"no DSpark drafter at {path}: pass --speculative-draft-model-path")
         dtype = torch.float32 if runner.dtype == torch.float64 else runner.dtype
         self.drafter = DSparkDrafter.load(path, device=runner.device, dtype=dtype)
-        if runner.device.type == "cpu" and model_runner.KMAJOR_CPU_WEIGHTS:
-            cpu_kmajor_layout(self.drafter)  # its block's products are few-row too
+        if runner.kmajor:  # the drafter's block products are few-row too (a drafter it loads is its own)
+            cpu_kmajor_layout(self.drafter)
         if gamma > self.drafter.cfg.gamma_max:
             raise ValueError(f"--speculative-num-draft-tokens {gamma} exceeds the drafter's {self.drafter.cfg.gamma_max}")
         self.gamma, self.rollback = gamma, rollback

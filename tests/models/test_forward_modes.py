@@ -205,14 +205,19 @@ def test_fused_projections_equal_the_separate_layers(preset):
     assert all(hasattr(m, "_fused") for m in moe) == (preset == "k3-tiny")
     for (name, a), b in zip(model.state_dict().items(), fused.state_dict().values()):
         assert torch.equal(a, b), name
-    toks = tokens(40, seed=2)
-    assert rel_err(fused.reference_logits(toks), model.reference_logits(toks)) < 1e-12
     # and decode steps through the pools (the fused forward at one row)
-    mems = [make_mem(m) for m in (model, fused)]
+    assert_same_outputs(model, fused, tokens(40, seed=2), decode_steps=10)
+
+
+def assert_same_outputs(a, b, toks: list[int], decode_steps: int) -> None:
+    """a's and b's full-sequence logits of toks agree to 1e-12, and so do a prefill of 30 tokens and then
+    decode_steps one-token decodes through the pools."""
+    assert rel_err(b.reference_logits(toks), a.reference_logits(toks)) < 1e-12
+    mems = [make_mem(m) for m in (a, b)]
     seqs = [Seq(mem, toks) for mem in mems]
-    outs = [run_batch(m, mem, [s], [30]) for m, mem, s in zip((model, fused), mems, seqs)]
-    for _ in range(10):
-        outs = [run_batch(m, mem, [s], [1], ForwardMode.DECODE) for m, mem, s in zip((model, fused), mems, seqs)]
+    outs = [run_batch(m, mem, [s], [30]) for m, mem, s in zip((a, b), mems, seqs)]
+    for _ in range(decode_steps):
+        outs = [run_batch(m, mem, [s], [1], ForwardMode.DECODE) for m, mem, s in zip((a, b), mems, seqs)]
         assert rel_err(outs[1], outs[0]) < 1e-12
 
 
@@ -266,14 +271,7 @@ def test_kmajor_cpu_layout_keeps_the_model(tiny64):
     assert "lm_head.weight" in names  # untied here
     assert not any("embed" in n or "kv_b_proj" in n for n in names)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
-    toks = tokens(40, seed=3)
-    assert rel_err(model.reference_logits(toks), tiny64.reference_logits(toks)) < 1e-12
-    mems = [make_mem(m) for m in (tiny64, model)]
-    seqs = [Seq(mem, toks) for mem in mems]
-    outs = [run_batch(m, mem, [s], [30]) for m, mem, s in zip((tiny64, model), mems, seqs)]
-    for _ in range(5):
-        outs = [run_batch(m, mem, [s], [1], ForwardMode.DECODE) for m, mem, s in zip((tiny64, model), mems, seqs)]
-        assert rel_err(outs[1], outs[0]) < 1e-12
+    assert_same_outputs(tiny64, model, tokens(40, seed=3), decode_steps=5)
     assert cpu_kmajor_layout(model) == 0  # already K-major: nothing moves twice
     tied = K3ForCausalLM(preset_config("k3-tiny", tie_word_embeddings=True), dtype=torch.float64)
     cpu_kmajor_layout(tied)
