@@ -98,7 +98,6 @@ def accept_greedy(logits: torch.Tensor, drafts: torch.Tensor, keep: torch.Tensor
     return torch.cat([drafts, top.gather(1, acc.view(B, 1)), acc.view(B, 1)], 1), commit, snaps, rows
 
 
-
 def accept_lazy(hidden: torch.Tensor, head, drafts: torch.Tensor, keep: torch.Tensor, n: torch.Tensor,
                 snap_n: torch.Tensor, L: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """accept_greedy with the vocabulary projection `head` (rows [R, D] -> logits [R, V]) applied only to the rows
