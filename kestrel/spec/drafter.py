@@ -152,7 +152,7 @@ class FoldedCorrection:
     `source` is the weights' identity (storage and version counter) it was made from."""
 
     def __init__(self, d: "DSparkDrafter", source: tuple):
-        D, T = d.cfg.hidden_size, d.cfg.target_hidden_size
+        D = d.cfg.hidden_size
         dt, f64 = d.fc.weight.dtype, torch.float64
         up = d.corr_up.weight.detach().to(f64)  # [C, 2D + T]
         emb = rms(d.embed_tokens.weight.detach().to(f64), d.cfg.rms_norm_eps)
@@ -166,7 +166,6 @@ class FoldedCorrection:
         self.down = d.corr_down.weight.detach().t().contiguous()
         self.head = head.t().contiguous().to(dt)
         self.source = source
-        assert self.token_up.shape[1] == self.slot_up.shape[1] and emb.shape[1] == T
 
     @staticmethod
     def key(d: "DSparkDrafter") -> tuple:

@@ -309,7 +309,7 @@ class SpecWorker:
         n = keep + 1
         ids = torch.cat([x0.view(B, 1), draft.tokens[:, : L - 1]], 1).view(-1)
         fb = self._device_batch(ids, prefix, n, table, slots, L)
-        if LAZY_CPU_HEAD and fb.input_ids.device.type == "cpu":
+        if LAZY_CPU_HEAD and r.device.type == "cpu":
             # on a CPU the LM head runs afterwards on the rows acceptance reads (accept_lazy), not on every block row
             fb.logits_indices = ids.new_empty(0)
             out = r.model(fb)
