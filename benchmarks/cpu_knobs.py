@@ -1,7 +1,10 @@
 """A module setting ("knob") of the CPU serving path, each value against the first, paired prompt by prompt.
 
     OMP_NUM_THREADS=1 python benchmarks/cpu_knobs.py --knob kestrel.engine.model_runner.KMAJOR_CPU_WEIGHTS=False,True \
-        [--knob another.module.NAME=a,b ...] [--kinds plain,dspark] [--prompts 6] [--rounds 4] [--new-tokens 64]
+        [--knob another.module.NAME=a,b ...] [--knob args.speculative_context_lookup="'off'","'on'"] \
+        [--kinds plain,dspark] [--prompts 6] [--rounds 4] [--new-tokens 64]
+
+A knob named args.NAME is a ServerArgs field, given to the engines as they are built.
 
 This machine's speed drifts by 10-20% between minutes, more than most CPU changes move a step, so whole runs taken
 one after the other mislead. Here one engine per (kind, knob value) is alive at once (bundled k3-small, fp32, batch
@@ -45,7 +48,8 @@ def main() -> None:
     for spec in args.knob:
         path, vals = spec.split("=", 1)
         mod_name, attr = path.rsplit(".", 1)
-        knobs.append((importlib.import_module(mod_name), attr, list(ast.literal_eval(f"[{vals}]"))))
+        mod = None if mod_name == "args" else importlib.import_module(mod_name)  # args.NAME: a ServerArgs field
+        knobs.append((mod, attr, list(ast.literal_eval(f"[{vals}]"))))
     if len({len(k[2]) for k in knobs}) != 1:
         raise SystemExit("every --knob needs the same number of values")
     name = "+".join(k[1] for k in knobs)
@@ -55,15 +59,17 @@ def main() -> None:
     def apply(v: int) -> None:
         """Every knob to its value of variant v."""
         for mod, attr, vals in knobs:
-            setattr(mod, attr, vals[v])
+            if mod is not None:
+                setattr(mod, attr, vals[v])
 
     kinds = args.kinds.split(",")
     margs = argparse.Namespace(model=None, drafter=None, gamma=7, dtype="float32", device="cpu", disable_pdl=False)
     engines = {}
     for v in values:
         apply(v)
+        server = {attr: vals[v] for mod, attr, vals in knobs if mod is None}
         for kind in kinds:
-            engines[(kind, repr(v))] = make(margs, max_running_requests=1,
+            engines[(kind, repr(v))] = make(margs, max_running_requests=1, **server,
                                             **({"speculative_algorithm": "dspark"} if kind == "dspark" else {}))
     sets = heldout_prompts(next(iter(engines.values())).tokenizer, args.prompts)
     prompts = sets["code"] + sets["arithmetic"]

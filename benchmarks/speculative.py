@@ -43,6 +43,7 @@ NEW_TOKENS_ACCEPTANCE = 128
 
 def make(args, **kw) -> EngineCore:
     kw.setdefault("disable_overlap_schedule", True)
+    kw.setdefault("speculative_context_lookup", getattr(args, "context_lookup", "auto"))
     a = ServerArgs(model_path=args.model, dtype=args.dtype, device=args.device, chunked_prefill_size=4096, disable_pdl=args.disable_pdl,
                    speculative_draft_model_path=args.drafter, speculative_num_draft_tokens=args.gamma, **kw)
     return EngineCore(a)
@@ -171,6 +172,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads on a CPU (both sides)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--disable-pdl", action="store_true", help="the engine's --disable-pdl (GPU)")
+    ap.add_argument("--context-lookup", default="auto", choices=("auto", "on", "off"),
+                    help="the engine's --speculative-context-lookup (auto: on for a CPU, off for a GPU)")
     ap.add_argument("--out", default=None, help="JSON results (none written without it); the plot lands beside it")
     args = ap.parse_args()
     if args.device == "cpu":
@@ -185,15 +188,21 @@ def main() -> None:
 
     print("1. tokens per verify step (greedy, gamma = %d, up to %d new tokens, stopping at EOS)"
           % (args.gamma, NEW_TOKENS_ACCEPTANCE))
-    for name, prompts in (sets.items() if 1 in sections else ()):
-        # every draft verified (the planner would cut positions; this measures the drafter)
-        core = make(args, speculative_algorithm="dspark", disable_verify_planner=True)
-        reqs, _ = generate(core, prompts, NEW_TOKENS_ACCEPTANCE, ignore_eos=False)
-        steps = sum(r.spec_verify_ct for r in reqs)
-        per_step = (sum(r.spec_accepted for r in reqs) + steps) / steps
-        print(f"   {name:10s} {per_step:.2f} tokens per verify step over {len(prompts)} prompts")
-        report[f"tokens_per_verify_{name}"] = per_step
-        core.shutdown()
+    # the drafter alone, then (where the engine would use them) with context lookups where it doubts itself
+    lookups = ["off"] + (["on"] if ServerArgs(device=args.device, speculative_context_lookup=args.context_lookup)
+                         .context_lookup else [])
+    for lookup in (lookups if 1 in sections else ()):
+        for name, prompts in sets.items():
+            # every draft verified (the planner would cut positions; this measures the drafter)
+            core = make(args, speculative_algorithm="dspark", disable_verify_planner=True,
+                        speculative_context_lookup=lookup)
+            reqs, _ = generate(core, prompts, NEW_TOKENS_ACCEPTANCE, ignore_eos=False)
+            steps = sum(r.spec_verify_ct for r in reqs)
+            per_step = (sum(r.spec_accepted for r in reqs) + steps) / steps
+            label = "drafter alone" if lookup == "off" else "with context lookup"
+            print(f"   {name:10s} {per_step:.2f} tokens per verify step over {len(prompts)} prompts ({label})")
+            report[f"tokens_per_verify_{name}" + ("" if lookup == "off" else "_lookup")] = per_step
+            core.shutdown()
 
     if 2 in sections:
         print("2. batch-1 decode")

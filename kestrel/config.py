@@ -51,6 +51,9 @@ class ServerArgs:
     speculative_state_rollback: str = _f("replay", "how a verify step rolls KDA state back: replay (ReplaySSM: store "
                                                    "step inputs, fold the accepted prefix) or snapshot (a state per step)")
     disable_verify_planner: bool = _f(False, "verify every drafted token (no pruning by the verify planner)")
+    speculative_context_lookup: str = _f("auto", "where the drafter doubts its first token, draft what followed the "
+                                                 "latest earlier occurrence of the context's last n-gram instead: on, "
+                                                 "off, or auto (on for a CPU, off for a GPU)")
     # GPU
     disable_cuda_graph: bool = _f(False, "run decode without CUDA graphs")
     cuda_graph_max_bs: int = _f(256, "largest decode batch captured in a CUDA graph")
@@ -83,6 +86,8 @@ class ServerArgs:
              "sparse or every-chunk")
         need("speculative_algorithm", self.speculative_algorithm in (None, "none", "dspark"), "dspark or none")
         need("speculative_num_draft_tokens", self.speculative_num_draft_tokens >= 1, "must be >= 1")
+        need("speculative_context_lookup", self.speculative_context_lookup in ("auto", "on", "off"),
+             "auto, on or off")
         need("speculative_state_rollback", self.speculative_state_rollback in ("replay", "snapshot"),
              "replay or snapshot")
         need("context_length", self.context_length is None or self.context_length >= 2, "must be >= 2")
@@ -109,6 +114,14 @@ class ServerArgs:
     @property
     def speculative(self) -> bool:
         return self.speculative_algorithm == "dspark"
+
+    @property
+    def context_lookup(self) -> bool:
+        """Whether the speculative step drafts from context lookups (`kestrel.spec.lookup`) where its drafter doubts
+        itself. auto: on a CPU; a GPU's greedy drafting has no confidence to gate them on (docs/benchmarks.md)."""
+        if self.speculative_context_lookup == "auto":
+            return self.resolved_device.type != "cuda"
+        return self.speculative_context_lookup == "on"
 
     def replace(self, **kw) -> "ServerArgs":
         return dataclasses.replace(self, **kw)

@@ -338,10 +338,11 @@ class SpecStepGraphRunner(_Buckets):
     """CUDA graph of a whole greedy speculative step, per batch-size bucket: `step(features [b, F], ints [8, b],
     table [b, max_pages])` (the speculative worker's `greedy_step`: draft, verify, accept, fold, next features) with
     no host synchronisation inside, so a step is one launch and one copy back. Padding rows carry `pad` (a block
-    that verifies and commits nothing on the scratch page and slot) and zero features."""
+    that verifies and commits nothing on the scratch page and slot) and zero features. With `window` > 0 the step
+    also takes and returns each request's context window [b, window] (context lookup)."""
 
     def __init__(self, step, batch_sizes, feature_size: int, dtype: torch.dtype, max_pages_per_seq: int,
-                 pad: list[int], scratch_page: int, device: torch.device | str = "cuda"):
+                 pad: list[int], scratch_page: int, device: torch.device | str = "cuda", window: int = 0):
         self.step, self.pad, self.scratch_page = step, list(pad), scratch_page
         self.batch_sizes = sorted(set(int(b) for b in batch_sizes))
         self.max_pages = max_pages_per_seq
@@ -350,6 +351,7 @@ class SpecStepGraphRunner(_Buckets):
         self.features = torch.zeros(n, feature_size, dtype=dtype, device=dev)
         self.ints = torch.zeros(len(pad) * n, dtype=torch.long, device=dev)
         self.table = torch.full((n, max_pages_per_seq), scratch_page, dtype=torch.int32, device=dev)
+        self.windows = torch.full((n, window), -1, dtype=torch.long, device=dev) if window else None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple] = {}
         self.pool = None
@@ -364,19 +366,24 @@ class SpecStepGraphRunner(_Buckets):
             self._ints(b).copy_(torch.tensor(self.pad).view(-1, 1).expand(-1, b))
             self.table[:b].fill_(self.scratch_page)
             self.features[:b].zero_()
+            windows = None if self.windows is None else self.windows[:b]
             self.graphs[b], self.outputs[b], self.pool = capture(
-                lambda: self.step(self.features[:b], self._ints(b), self.table[:b]), self.pool)
+                lambda: self.step(self.features[:b], self._ints(b), self.table[:b], windows=windows), self.pool)
 
     @torch.no_grad()
-    def run(self, features: list[torch.Tensor], ints: torch.Tensor, table: torch.Tensor) -> tuple:
-        """features: one [F] tensor per request; ints [8, bucket] and table [bucket, width] host tensors already
-        padded to the bucket. Returns the graph's static outputs (valid until its next replay)."""
+    def run(self, features: list[torch.Tensor], ints: torch.Tensor, table: torch.Tensor,
+            windows: list[torch.Tensor] | None = None) -> tuple:
+        """features (and windows, with a window): one tensor per request; ints [8, bucket] and table [bucket, width]
+        host tensors already padded to the bucket. Returns the graph's static outputs (valid until its next
+        replay)."""
         bs, b = len(features), ints.shape[1]
         assert self.bucket(b) == b and table.shape[0] == b and table.shape[1] <= self.max_pages
         self.ensure(b)
         torch.stack(features, out=self.features[:bs])
         if b > bs:
             self.features[bs:b].zero_()
+        if self.windows is not None:
+            torch.stack(windows, out=self.windows[:bs])
         self._ints(b).copy_(ints, non_blocking=True)
         self.table[:b, : table.shape[1]].copy_(table, non_blocking=True)
         self.graphs[b].replay()

@@ -66,7 +66,8 @@ class ModelRunner:
             from kestrel.spec.worker import SpecWorker
 
             self.spec = SpecWorker(self, args.speculative_draft_model_path, args.speculative_num_draft_tokens,
-                                   args.speculative_state_rollback, not args.disable_verify_planner)
+                                   args.speculative_state_rollback, not args.disable_verify_planner,
+                                   args.context_lookup)
             if self.device.type == "cuda":  # like decode graph capture: verify graphs and profile at start-up
                 self.spec.prepare(min(args.max_running_requests, args.cuda_graph_max_bs))
 

@@ -29,6 +29,7 @@ from kestrel.models.forward_batch import ForwardBatch, ForwardMode
 from kestrel.models.layers.linear import cpu_kmajor_layout
 from kestrel.ops import dspark as dspark_ops
 from kestrel.ops import kda as kda_ops
+from kestrel.spec import lookup as context_lookup
 from kestrel.spec.drafter import DSparkDrafter
 from kestrel.spec.planner import PlanGuard, StepProfile, VerifyPlanner
 from kestrel.spec.verify import accept
@@ -40,12 +41,16 @@ BUNDLED_DRAFTER = Path(__file__).resolve().parent.parent / "assets" / "k3-small-
 PLANNER_MIN_BATCH = 8
 # off: the CPU's greedy step runs the LM head on every verified row (the baseline of dspark_ops.accept_lazy)
 LAZY_CPU_HEAD = True
+# with context lookup on, a block whose first draft the drafter's confidence head puts below this is drafted from
+# the context instead, where the context has a match (`kestrel.spec.lookup`; docs/benchmarks.md, issue 8)
+LOOKUP_BELOW_CONFIDENCE = 0.7
 # a gap between two speculative steps longer than this is the engine idling (no work), not per-step overhead
 IDLE_GAP_S = 0.25
 
 
 class SpecWorker:
-    def __init__(self, runner, draft_path: str | None, gamma: int, rollback: str, use_planner: bool):
+    def __init__(self, runner, draft_path: str | None, gamma: int, rollback: str, use_planner: bool,
+                 lookup: bool = False):
         self.runner = runner
         path = Path(draft_path) if draft_path else BUNDLED_DRAFTER
         if not (path / "config.json").exists():
@@ -59,6 +64,9 @@ class SpecWorker:
         self.gamma, self.rollback = gamma, rollback
         self.layers = self.drafter.cfg.feature_layers
         self.features: dict[str, torch.Tensor] = {}  # rid -> target features at its last processed position
+        # context lookup: rid -> its latest tokens, up to the last one fed ([WINDOW] int64, -1 before the first)
+        self.lookup = lookup
+        self.windows: dict[str, torch.Tensor] = {}
         self.use_planner = use_planner
         self.profile: dict[int, list[tuple[int, float, float]]] = {}
         # per batch bucket: what planning adds to a step (drafting with the confidence head, the plan itself),
@@ -88,7 +96,7 @@ class SpecWorker:
             mem = runner.mem
             self.step_graphs = SpecStepGraphRunner(
                 self.greedy_step, sizes, self.drafter.cfg.feature_size, runner.dtype, runner.max_pages_per_seq(),
-                self.pad_ints, mem.scratch_page, runner.device)
+                self.pad_ints, mem.scratch_page, runner.device, context_lookup.WINDOW if lookup else 0)
 
     # ---- features from ordinary forwards
     def keep_features(self, b: Batch, captured: dict[int, torch.Tensor], rows: torch.Tensor) -> None:
@@ -97,10 +105,32 @@ class SpecWorker:
             return
         feats = self.drafter.gather_features({l: captured[l][rows] for l in self.layers})
         for k, row in enumerate(b.feature_rows):
-            self.features[b.reqs[row].rid] = feats[k]
+            r = b.reqs[row]
+            self.features[r.rid] = feats[k]
+            if self.lookup:  # the tokens fed so far (a pending one, not yet on the host, is left out)
+                end = min(b.prefix_lens[row] + b.extend_lens[row], r.known_len)
+                self.windows[r.rid] = context_lookup.fill_window(
+                    r.tokens(max(0, end - context_lookup.WINDOW), end), device=self.runner.device)
 
     def forget(self, rid: str) -> None:
         self.features.pop(rid, None)
+        self.windows.pop(rid, None)
+
+    def _windows(self, b: Batch) -> list[torch.Tensor]:
+        """The batch's context windows (an empty one for a request that has none)."""
+        return [self.windows[q.rid] if q.rid in self.windows else context_lookup.empty_window(device=self.runner.device)
+                for q in b.reqs]
+
+    def _lookup_drafts(self, windows: torch.Tensor, x0: torch.Tensor, draft, real: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(windows with each real row's x0 appended, the drafts): a block whose first draft the drafter doubts
+        (confidence below LOOKUP_BELOW_CONFIDENCE) takes the context's lookup instead, where there is one."""
+        windows = context_lookup.append(windows, x0.view(-1, 1), real.long())
+        if draft.confidence is None:  # a drafter that gives no confidence (tests' oracles) keeps its drafts
+            return windows, draft.tokens
+        cand, found = context_lookup.lookup(windows, self.gamma)
+        use = found & (draft.confidence[:, 0] < LOOKUP_BELOW_CONFIDENCE)
+        return windows, torch.where(use.view(-1, 1), cand, draft.tokens)
 
     def interrupted(self) -> None:
         """Another forward (a prefill) ran since the last speculative step: the next step's gap is not overhead,
@@ -124,15 +154,21 @@ class SpecWorker:
         ints, table = r.to_device(ints), r.to_device(table)
         x0, prefix = self._resolve(ints)
         feats = torch.stack([self.features[q.rid] for q in b.reqs])
-        with record_function("spec.draft"):  # the confidence head only when this step may prune
+        windows = None
+        with record_function("spec.draft"):  # the confidence head only when this step may prune or look up
+            want_conf = prune or self.lookup
             if self.draft_graphs is not None and self.draft_graphs.bucket(B) is not None:
-                draft = self.draft_graphs.run(feats, x0, prune)
+                draft = self.draft_graphs.run(feats, x0, want_conf)
             else:
-                draft = self._draft(feats, x0, prefix, prune)
+                draft = self._draft(feats, x0, prefix, want_conf)
+            tokens = draft.tokens
+            if self.lookup:
+                windows, tokens = self._lookup_drafts(torch.stack(self._windows(b)), x0, draft,
+                                                      torch.ones(B, dtype=torch.bool, device=dev))
             # a pruning plan reads the confidences now; otherwise the drafts reach the host only with the verify
             # outputs, so the host builds and launches the verify while the drafter still runs (one sync a step)
             keep = self._plan(draft.confidence, b.max_drafts) if prune else list(b.max_drafts)
-            drafted = draft.tokens.tolist() if prune else None
+            drafted = tokens.tolist() if prune else None
         lens = [1 + k for k in keep]
         # below the planner every block is verified whole: use the full-block graph even when requests near their
         # end draft less (a graph per block length would be captured mid-serving)
@@ -140,14 +176,14 @@ class SpecWorker:
         t_verify = time.perf_counter()
         with record_function("spec.verify"):
             # every block padded to the longest: past its own length a block's tokens are no-ops (see ForwardMode)
-            ids = torch.cat([x0.view(B, 1), draft.tokens], dim=1)[:, :L].reshape(-1)
+            ids = torch.cat([x0.view(B, 1), tokens], dim=1)[:, :L].reshape(-1)
             n = r.to_device(lens) if prune else ints[1] + 1
             fb = self._device_batch(ids, prefix, n, table, ints[3], L)
             out, graphed = self._target(fb)
             self.window_bytes = sum(rec.nbytes() for rec in fb.replay.values())
             top = ops.argmax(out.logits).tolist() if any(st.params.greedy for st in b.sampling_states) else None
             if drafted is None:
-                drafted = draft.tokens.tolist()
+                drafted = tokens.tolist()
         t_verify = time.perf_counter() - t_verify
         drafts = [drafted[i][: keep[i]] for i in range(B)]
         with record_function("spec.accept"):
@@ -169,8 +205,12 @@ class SpecWorker:
             rows = torch.tensor([i * L + commit[i] - 1 for i in range(B)], device=dev)
             feats = self.drafter.gather_features({l: out.captured[l][rows] for l in self.layers})
             self._publish(ints, r.to_device([a.tokens[-1] for a in results]), commit_t)
+        if windows is not None:  # the accepted drafts (the last token, the next step's x0, is appended then)
+            windows = context_lookup.append(windows, tokens, commit_t - 1)
         for i, q in enumerate(b.reqs):
             self.features[q.rid] = feats[i]
+            if windows is not None:
+                self.windows[q.rid] = windows[i]
         res = BatchResult(tokens=[a.tokens[-1] for a in results], spec_tokens=[a.tokens for a in results],
                           spec_drafted=keep, spec_snapshots=taken)
         self._account(b, bucket, planning, prune, commit, t_start, t_verify)
@@ -290,40 +330,47 @@ class SpecWorker:
             return False
         return all(st.plain_greedy for st in b.sampling_states)
 
-    def greedy_step(self, feats: torch.Tensor, ints: torch.Tensor, table: torch.Tensor, L: int | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def greedy_step(self, feats: torch.Tensor, ints: torch.Tensor, table: torch.Tensor, L: int | None = None,
+                    windows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """A whole greedy speculative step on the device, with no host synchronisation (a CUDA graph captures it):
         draft gamma tokens, verify every block whole, accept the longest prefix of drafts equal to the target's
         argmax, fold the committed steps (and the snapshots they reach) into the state, and gather the features at
         each block's last committed position. feats [B, F]; ints [8, B] and table as `_host_ints` builds them.
 
         Returns (packed [B, gamma + 2] int64: the drafts, the target's token after the accepted ones, the number
-        accepted; the next features [B, F]). Padding rows (drafts allowed -1) verify and commit nothing. Blocks are
-        padded to L tokens (default gamma + 1; at least 1 + the most drafts a block may keep)."""
+        accepted; the next features [B, F]; the context windows [B, W] after the step, given windows). Padding rows
+        (drafts allowed -1) verify and commit nothing. Blocks are padded to L tokens (default gamma + 1; at least 1
+        + the most drafts a block may keep). With windows (context lookup), blocks whose first draft the drafter
+        doubts are drafted from the context (`_lookup_drafts`)."""
         r, G = self.runner, self.gamma
         L = L or G + 1
         _, keep, _, slots, snap_n, snap_slot = ints[:6]
         B = keep.shape[0]
         x0, prefix = self._resolve(ints)
-        draft = self._draft(feats, x0, prefix, False)
+        draft = self._draft(feats, x0, prefix, windows is not None)
+        tokens = draft.tokens
+        if windows is not None:
+            windows, tokens = self._lookup_drafts(windows, x0, draft, keep >= 0)
         n = keep + 1
-        ids = torch.cat([x0.view(B, 1), draft.tokens[:, : L - 1]], 1).view(-1)
+        ids = torch.cat([x0.view(B, 1), tokens[:, : L - 1]], 1).view(-1)
         fb = self._device_batch(ids, prefix, n, table, slots, L)
         if LAZY_CPU_HEAD and r.device.type == "cpu":
             # on a CPU the LM head runs afterwards on the rows acceptance reads (accept_lazy), not on every block row
             fb.logits_indices = ids.new_empty(0)
             out = r.model(fb)
-            packed, commit, snap_steps, rows = dspark_ops.accept_lazy(out.hidden, r.model.lm_head, draft.tokens, keep,
-                                                                      n, snap_n, L)
+            packed, commit, snap_steps, rows = dspark_ops.accept_lazy(out.hidden, r.model.lm_head, tokens, keep, n,
+                                                                      snap_n, L)
         else:
             out = r.model(fb)
-            packed, commit, snap_steps, rows = dspark_ops.accept_greedy(out.logits, draft.tokens, keep, n, snap_n)
+            packed, commit, snap_steps, rows = dspark_ops.accept_greedy(out.logits, tokens, keep, n, snap_n)
         self._publish(ints, packed[:, G], commit)
         self._fold(fb, slots, commit, (snap_steps, snap_slot))
         nxt = self.drafter.gather_features({l: out.captured[l][rows] for l in self.layers})
         self.window_bytes = sum(rec.nbytes() for rec in fb.replay.values())  # from shapes: no synchronisation
         self._window_row = self.window_bytes // max(B, 1)
-        return packed, nxt
+        if windows is not None:  # the accepted drafts (the last token, the next step's x0, is appended then)
+            windows = context_lookup.append(windows, tokens, packed[:, G + 1])
+        return packed, nxt, windows
 
     def _run_greedy(self, b: Batch, keep: list[int], bucket: int, planning: bool, t_start: float) -> BatchResult:
         """The step of `greedy_step`, replayed as one CUDA graph where one serves the batch. Returns as soon as the
@@ -334,19 +381,23 @@ class SpecWorker:
         graphed = (runner is not None and runner.bucket(B) is not None
                    and max(len(row) for row in b.page_table) <= runner.max_pages)
         ints, table = self._host_ints(b, keep, runner.bucket(B) if graphed else None)
+        windows = self._windows(b) if self.lookup else None
         if graphed:
-            packed, feats = runner.run([self.features[q.rid] for q in b.reqs], ints, table)
+            packed, feats, windows = runner.run([self.features[q.rid] for q in b.reqs], ints, table, windows)
             self.window_bytes = self._window_row * B
             # a graph's outputs are overwritten by its next replay: copies, queued before it
             packed, feats = BatchResult.pending(packed[:B]), feats[:B].clone()
+            windows = None if windows is None else windows[:B].clone()
         else:
             feats = torch.stack([self.features[q.rid] for q in b.reqs])
             # eager: blocks only as long as the longest (as the host path pads them)
-            packed, feats = self.greedy_step(feats, self.runner.to_device(ints), self.runner.to_device(table),
-                                             1 + max(keep))
+            packed, feats, windows = self.greedy_step(feats, self.runner.to_device(ints), self.runner.to_device(table),
+                                                      1 + max(keep), None if windows is None else torch.stack(windows))
             packed = BatchResult.pending(packed)
         for i, q in enumerate(b.reqs):
             self.features[q.rid] = feats[i]
+            if windows is not None:
+                self.windows[q.rid] = windows[i]
         # the verify forward is not timed apart inside one graph: the profile's whole-block time stands for it
         t_verify = dict((L, full) for L, _, full in self.profile[bucket])[self.gamma + 1] if planning else 0.0
 

@@ -86,11 +86,13 @@ def test_speculative_greedy_on_gpu_matches_plain_decoding(overlap):
                     assert gaps[first] < 1e-3, f"diverged at token {first} where the reference margin is {gaps[first]}"
 
 
+@pytest.mark.parametrize("lookup", ["off", "on"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_speculative_step_graph_equals_host_acceptance(dtype):
+def test_speculative_step_graph_equals_host_acceptance(dtype, lookup):
     """The greedy speculative step as one CUDA graph (draft, verify, accept, fold, next features) against the path
     that accepts on the host (draft, verify and fold graphs, host acceptance): the same kernels on the same shapes,
-    so the same tokens and the same accepted drafts per request, and the same final state in every slot."""
+    so the same tokens and the same accepted drafts per request, and the same final state in every slot. With
+    context lookup on, the graph also carries each request's window, and both paths draft from the same windows."""
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(3, 2000, (int(n),), generator=g).tolist() for n in torch.randint(5, 90, (10,), generator=g)]
     params = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
@@ -99,9 +101,11 @@ def test_speculative_step_graph_equals_host_acceptance(dtype):
         # no verify planner: from batch 8 it prunes by measured times, so the two engines' steps would keep
         # different drafts (the same tokens, other accepted counts: this test failed intermittently for that)
         with Engine(speculative_algorithm="dspark", device="cuda", dtype=dtype, skip_tokenizer_init=True, **SMALL_POOLS,
-                    disable_radix_cache=True, max_running_requests=16, disable_verify_planner=True) as engine:
+                    disable_radix_cache=True, max_running_requests=16, disable_verify_planner=True,
+                    speculative_context_lookup=lookup) as engine:
             worker = engine.core.runner.spec
             assert worker.step_graphs is not None and worker.step_graphs.graphs
+            assert worker.lookup == (lookup == "on") and (worker.step_graphs.windows is not None) == worker.lookup
             used = []
             decide = worker.greedy_on_device
 

@@ -7,6 +7,8 @@ import torch
 
 from kestrel.engine.sampler import SamplingState
 from kestrel.engine.sampling_params import SamplingParams
+from kestrel.spec import lookup
+from kestrel.spec import worker as worker_mod
 from kestrel.spec.drafter import DSparkDrafter
 from kestrel.spec.planner import StepProfile, VerifyPlanner
 from kestrel.spec.verify import accept
@@ -423,4 +425,62 @@ def test_profile_and_plan_cost_measured_on_first_use(tiny64, drafter_dir):
         assert r.output_ids == greedy_reference(tiny64, p, 6)
     assert set(worker.profile) == {16} and set(worker.plan_cost) == {16}
     assert worker.plan_cost[16] >= 0 and len(worker.profile[16]) == 4
+    core.shutdown()
+
+
+def _matching_prompt(model, p: list[int], tries: int = 6) -> list[int] | None:
+    """p + [x] + p[-3:], where x is the target's greedy token after that very prompt (a fixed point, searched for):
+    the first step's window then ends with (p[-1], x), which occurs earlier, so a context lookup finds a match."""
+    x = greedy_reference(model, p, 1)[0]
+    for _ in range(tries):
+        q = p + [x] + p[-3:]
+        y = greedy_reference(model, q, 1)[0]
+        if y == x:
+            return q
+        x = y
+    return None
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_context_lookup_windows_follow_the_committed_tokens(tiny64, drafter_dir, monkeypatch, overlap):
+    """Context lookup on, and every block with a context match taking it (the threshold above any confidence):
+    greedy output equals plain decoding through prefix-cache hits, retraction, host-side acceptance (a logprob
+    request) and (with overlap) chained steps;
+    lookups replace drafts; and (overlap off, where the host's view is current) at the start of every step each
+    request's window holds exactly its tokens before its last committed one, the step's x0, which it appends."""
+    monkeypatch.setattr(worker_mod, "LOOKUP_BELOW_CONFIDENCE", 2.0)
+    # a random target rarely repeats itself: prompts built so that the first step's window has a match
+    looping = [q for q in (_matching_prompt(tiny64, BASE[:n] + p) for n, p in
+                           zip([0, 64, 100] * 4, random_prompts(12, seed=8, lo=3, hi=30))) if q is not None]
+    assert len(looping) >= 2
+    prompts = looping + [BASE[:n] + p for n, p in zip([0, 64, 100], random_prompts(3, seed=9, lo=3, hi=30))]
+    core = spec_core(tiny64, drafter_dir, speculative_num_draft_tokens=4, speculative_context_lookup="on",
+                     disable_overlap_schedule=not overlap, chunked_prefill_size=48, max_total_tokens=300,
+                     state_track_interval=64)
+    worker = core.runner.spec
+    assert worker.lookup
+    run, merge = worker.run, worker._lookup_drafts
+    seen = {"rows": 0, "lookups": 0}
+
+    def checked_run(b):
+        if not overlap:
+            for q in b.reqs:
+                assert worker.windows[q.rid].tolist() == lookup.fill_window((q.prompt_ids + q.output_ids)[:-1]).tolist()
+                seen["rows"] += 1
+        return run(b)
+
+    def counted_merge(windows, x0, draft, real):
+        out = merge(windows, x0, draft, real)
+        seen["lookups"] += int((out[1] != draft.tokens).any(1).sum())
+        return out
+
+    worker.run, worker._lookup_drafts = checked_run, counted_merge
+    # one request asks for logprobs: while it runs, steps accept on the host (`run`'s own path) and keep windows too
+    reqs = [core.make_request(p, {**G, "max_new_tokens": 20}, return_logprob=i == 1) for i, p in enumerate(prompts)]
+    done = drive(core, reqs, seed=9)
+    for r, p in zip(reqs, prompts):
+        assert done[r.rid].output_ids == greedy_reference(tiny64, p, 20)
+    assert seen["lookups"] > 0 and (overlap or seen["rows"] > 0)
+    assert core.scheduler.stats.retractions > 0 and core.scheduler.stats.cached_tokens > 0
+    assert not worker.windows  # forgotten with their requests
     core.shutdown()
