@@ -2,8 +2,10 @@
 
 import random
 
+import pytest
 import torch
 
+from kestrel.config import ServerArgs
 from kestrel.spec import lookup as L
 from kestrel.spec.drafter import DraftOutput
 from kestrel.spec.worker import LOOKUP_BELOW_CONFIDENCE, SpecWorker
@@ -77,3 +79,13 @@ def test_worker_takes_lookups_only_where_the_drafter_doubts():
     assert tokens[3].tolist() == [3, 1, 2, 3]
     _, kept = worker._lookup_drafts(window, x0, DraftOutput(drafted.clone(), None, None), real)
     assert torch.equal(kept, drafted)
+
+
+def test_context_lookup_flag():
+    """auto is on for a CPU and off for a GPU (where the fast greedy drafting has no confidence to gate on); a bad
+    value names the flag."""
+    assert ServerArgs(device="cpu").context_lookup and not ServerArgs(device="cuda").context_lookup
+    assert ServerArgs(device="cuda", speculative_context_lookup="on").context_lookup
+    assert not ServerArgs(device="cpu", speculative_context_lookup="off").context_lookup
+    with pytest.raises(ValueError, match="speculative-context-lookup"):
+        ServerArgs(speculative_context_lookup="maybe")
