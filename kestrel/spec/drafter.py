@@ -338,12 +338,13 @@ class DSparkDrafter(nn.Module):
     @torch.no_grad()
     def propose(self, features: torch.Tensor, last_token: torch.Tensor, gamma: int, temperature: float = 0.0,
                 generator: torch.Generator | None = None, want_probs: bool = True,
-                want_confidence: bool = True) -> DraftOutput:
+                want_confidence: bool = True, confidence_positions: int | None = None) -> DraftOutput:
         """Draft gamma tokens per sequence: greedy (temperature 0) or sampled from softmax(logits / temperature).
 
         The serving loop drafts greedily and verifies against a point-mass proposal, so it asks for neither the
         distributions (a softmax over the vocabulary per position) nor, below the planner's batch size, the
-        confidence: probs / confidence are then None.
+        confidence: probs / confidence are then None. With confidence_positions k, the confidence covers the first
+        k positions only ([B, k]: the context lookup's gate reads the first).
         """
         self._check(features, last_token, gamma)
         if temperature < 0:
@@ -351,10 +352,11 @@ class DSparkDrafter(nn.Module):
         if temperature == 0 and not want_probs and not want_confidence and features.is_cuda:
             return DraftOutput(self._greedy_tokens(features, last_token, gamma), None, None)
         if temperature == 0 and not want_probs and not features.is_cuda and FOLD_CPU_DRAFTS:
-            return self._folded_drafts(features, last_token, gamma, want_confidence)
+            return self._folded_drafts(features, last_token, gamma, want_confidence, confidence_positions)
         ctx, slots = self.block(features, last_token, gamma)
         state, token = ctx, last_token
         tokens, probs, states, peaks = [], [], [], []
+        rated = gamma if confidence_positions is None else confidence_positions
         for i in range(gamma):
             state = self.correct(slots[:, i], state, token)
             logits = self.logits(state)
@@ -365,7 +367,7 @@ class DSparkDrafter(nn.Module):
                 token = p.argmax(-1) if temperature == 0 else torch.multinomial(p, 1, generator=generator)[:, 0]
                 probs.append(p)
             tokens.append(token)
-            if want_confidence:
+            if want_confidence and i < rated:
                 states.append(state)
                 peaks.append(self.peak(logits))
         # the confidence head once over every position (on a GPU, a few launches instead of a few per position)
@@ -373,7 +375,7 @@ class DSparkDrafter(nn.Module):
         return DraftOutput(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None, conf)
 
     def _folded_drafts(self, features: torch.Tensor, last_token: torch.Tensor, gamma: int,
-                       want_confidence: bool) -> DraftOutput:
+                       want_confidence: bool, confidence_positions: int | None = None) -> DraftOutput:
         """propose's greedy drafts (no distributions) on a CPU with the correction's products regrouped
         (`FoldedCorrection`): the slot part of the correction's up projection for every position in one product
         before the loop, the token part looked up, the output norm and projection folded into the vocabulary
@@ -386,6 +388,7 @@ class DSparkDrafter(nn.Module):
         slot_up = rms(slots, eps) @ fold.slot_up  # [N, gamma, C]
         state_n, token = rms(ctx, eps), last_token
         tokens, states, peaks = [], [], []
+        rated = gamma if confidence_positions is None else confidence_positions
         for i in range(gamma):
             a = torch.addmm(slot_up[:, i] + fold.token_up[token], state_n, fold.state_up)
             state = torch.addmm(slots[:, i], F.silu(a, inplace=True), fold.down)
@@ -393,7 +396,7 @@ class DSparkDrafter(nn.Module):
             logits = state_n @ fold.head
             token = ops.argmax(logits)
             tokens.append(token)
-            if want_confidence:
+            if want_confidence and i < rated:
                 states.append(state)
                 peaks.append(self.peak(logits))
         conf = torch.sigmoid(self.confidence_from(torch.stack(states, 1), torch.stack(peaks, 1))) if states else None

@@ -156,11 +156,10 @@ class SpecWorker:
         feats = torch.stack([self.features[q.rid] for q in b.reqs])
         windows = None
         with record_function("spec.draft"):  # the confidence head only when this step may prune or look up
-            want_conf = prune or self.lookup
             if self.draft_graphs is not None and self.draft_graphs.bucket(B) is not None:
-                draft = self.draft_graphs.run(feats, x0, want_conf)
+                draft = self.draft_graphs.run(feats, x0, prune or self.lookup)
             else:
-                draft = self._draft(feats, x0, prefix, want_conf)
+                draft = self._draft(feats, x0, prefix, prune or ("first" if self.lookup else False))
             tokens = draft.tokens
             if self.lookup:
                 windows, tokens = self._lookup_drafts(torch.stack(self._windows(b)), x0, draft,
@@ -317,10 +316,12 @@ class SpecWorker:
         kda_ops.fold_layers([fb.replay[l] for l in layers], [mem.conv_state(l) for l in layers],
                             [mem.ssm_state(l) for l in layers], slots, commit, snapshots)
 
-    def _draft(self, feats: torch.Tensor, x0: torch.Tensor, prefix: torch.Tensor, confidence: bool):
+    def _draft(self, feats: torch.Tensor, x0: torch.Tensor, prefix: torch.Tensor, confidence: bool | str):
         """gamma greedy drafts per request from its features and last committed token, which sits at position
-        `prefix` (the drafter does not read it; a test's oracle drafter does)."""
-        return self.drafter.propose(feats, x0, self.gamma, want_probs=False, want_confidence=confidence)
+        `prefix` (the drafter does not read it; a test's oracle drafter does). confidence: True for every
+        position's, "first" for the first position's only (the context lookup's gate), False for none."""
+        return self.drafter.propose(feats, x0, self.gamma, want_probs=False, want_confidence=bool(confidence),
+                                    confidence_positions=1 if confidence == "first" else None)
 
     # ---- the greedy step on the device
     def greedy_on_device(self, b: Batch, prune: bool) -> bool:
@@ -347,7 +348,7 @@ class SpecWorker:
         _, keep, _, slots, snap_n, snap_slot = ints[:6]
         B = keep.shape[0]
         x0, prefix = self._resolve(ints)
-        draft = self._draft(feats, x0, prefix, windows is not None)
+        draft = self._draft(feats, x0, prefix, "first" if windows is not None else False)
         tokens = draft.tokens
         if windows is not None:
             windows, tokens = self._lookup_drafts(windows, x0, draft, keep >= 0)

@@ -52,7 +52,7 @@ def test_shapes_greedy_is_argmax_and_confidence_range():
     assert out.tokens.unique().numel() > 3
 
 
-def test_confidence_once_over_positions_equals_per_position():
+def test_confidence_once_over_positions_equals_per_position(monkeypatch):
     """propose runs the confidence head once over every drafted position: the same values as the head applied at
     each step to that step's state and logits."""
     d = small_drafter(dtype=torch.float64)
@@ -68,6 +68,13 @@ def test_confidence_once_over_positions_equals_per_position():
         per.append(torch.sigmoid(d.confidence_logit(state, logits)))
     assert torch.allclose(out.confidence, torch.stack(per, 1), rtol=0, atol=1e-12)
     assert d.propose(f, last, 5, want_probs=False, want_confidence=False).confidence is None
+    # the first position's only (the context lookup's gate), on the CPU's folded path and on the module loop
+    for fold in (True, False):
+        monkeypatch.setattr(drafter_module, "FOLD_CPU_DRAFTS", fold)
+        first = d.propose(f, last, 5, want_probs=False, confidence_positions=1)
+        whole = d.propose(f, last, 5, want_probs=False)
+        assert first.confidence.shape == (f.shape[0], 1) and torch.equal(first.tokens, whole.tokens)
+        assert torch.allclose(first.confidence[:, 0], whole.confidence[:, 0], rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
