@@ -88,7 +88,8 @@ class DraftOutput:
     tokens: torch.Tensor  # [B, gamma] int64
     # [B, gamma, V] fp32: the distribution each token was taken from (temperature applied; greedy: the plain softmax)
     probs: torch.Tensor | None
-    confidence: torch.Tensor | None  # [B, gamma] fp32 in (0, 1): P(target accepts token i | it accepted tokens < i)
+    # [B, gamma] fp32 in (0, 1): P(target accepts token i | it accepted tokens < i); [B, k] for the first k positions
+    confidence: torch.Tensor | None
 
 
 class SlotBlock(nn.Module):
