@@ -118,7 +118,8 @@ class ServerArgs:
     @property
     def context_lookup(self) -> bool:
         """Whether the speculative step drafts from context lookups (`kestrel.spec.lookup`) where its drafter doubts
-        itself. auto: on a CPU; a GPU's greedy drafting has no confidence to gate them on (docs/benchmarks.md)."""
+        itself. auto: on a CPU; off on a GPU, where the gate's and the windows' extra launches cost a launch-bound
+        step more than the longer acceptance gains (docs/benchmarks.md, issue 8)."""
         if self.speculative_context_lookup == "auto":
             return self.resolved_device.type != "cuda"
         return self.speculative_context_lookup == "on"

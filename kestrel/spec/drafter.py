@@ -350,8 +350,9 @@ class DSparkDrafter(nn.Module):
         self._check(features, last_token, gamma)
         if temperature < 0:
             raise ValueError(f"temperature = {temperature} must be >= 0")
-        if temperature == 0 and not want_probs and not want_confidence and features.is_cuda:
-            return DraftOutput(self._greedy_tokens(features, last_token, gamma), None, None)
+        if temperature == 0 and not want_probs and features.is_cuda and (not want_confidence
+                                                                          or confidence_positions == 1):
+            return self._greedy_drafts(features, last_token, gamma, first_confidence=want_confidence)
         if temperature == 0 and not want_probs and not features.is_cuda and FOLD_CPU_DRAFTS:
             return self._folded_drafts(features, last_token, gamma, want_confidence, confidence_positions)
         ctx, slots = self.block(features, last_token, gamma)
@@ -412,16 +413,21 @@ class DSparkDrafter(nn.Module):
         return fold
 
     def _greedy_tokens(self, features: torch.Tensor, last_token: torch.Tensor, gamma: int) -> torch.Tensor:
+        return self._greedy_drafts(features, last_token, gamma).tokens
+
+    def _greedy_drafts(self, features: torch.Tensor, last_token: torch.Tensor, gamma: int,
+                       first_confidence: bool = False) -> DraftOutput:
         """propose's greedy drafts [B, gamma] (the serving loop's case: no distributions, no confidence) through
         the correction ops: on a GPU four kernels a position (the correction's input and up projection; its down
         projection adding the slot; the output norm and projection; the vocabulary projection's argmax as partial
         keys, which the next position's first kernel reduces), where the module calls launch about fourteen. On
         the CPU (the reference ops, propose's formulas) the same tokens as propose's loop, which stays the CPU's
-        path: ~15% faster there without the ops' dispatch and the argmax keys."""
+        path: ~15% faster there without the ops' dispatch and the argmax keys. With first_confidence, also the first
+        position's confidence ([B, 1]: the context lookup's gate), from that position's full logits."""
         eps = self.cfg.rms_norm_eps
         ctx, slots = self.block(features, last_token, gamma)
         slots = slots.transpose(0, 1).contiguous()  # [gamma, B, D]: each position's rows contiguous
-        state, prev, keys = ctx, last_token, []
+        state, prev, keys, conf = ctx, last_token, [], None
         for i in range(gamma):
             a = dspark_ops.correct_up(slots[i], state, prev, self.embed_tokens.weight, self.corr_up.weight, eps)
             state = linear_ops.linear(a, self.corr_down.weight, add=slots[i])
@@ -430,7 +436,10 @@ class DSparkDrafter(nn.Module):
             h = norm.apply() if self.out_proj is None else linear_ops.linear_with(norm, self.out_proj.weight)
             prev = dspark_ops.head_keys(h, self.lm_head.weight)
             keys.append(prev)
-        return dspark_ops.decode(torch.stack(keys, 1))  # [B, gamma]
+            if first_confidence and i == 0:
+                peak = self.peak(F.linear(h, self.lm_head.weight))
+                conf = torch.sigmoid(self.confidence_from(state.unsqueeze(1), peak.unsqueeze(1)))
+        return DraftOutput(dspark_ops.decode(torch.stack(keys, 1)), None, conf)  # tokens [B, gamma]
 
     # ---- checkpoints
     def save(self, path: str | Path, dtype: torch.dtype | None = torch.bfloat16) -> None:

@@ -10,6 +10,8 @@ token (`SpecWorker`), the way SGLang's and vLLM's n-gram drafters serve repetiti
 
 import torch
 
+from kestrel.ops import kernel
+
 WINDOW = 256
 MIN_N = 2
 MAX_N = 4
@@ -59,6 +61,18 @@ def lookup(window: torch.Tensor, gamma: int, min_n: int = MIN_N, max_n: int = MA
     period = (W - start).clamp(min=1)  # tokens between the continuation's start and the window's end
     idx = start.view(B, 1) + torch.arange(gamma, device=dev).view(1, gamma) % period.view(B, 1)
     return window.gather(1, idx.clamp(max=W - 1)), found
+
+
+def step(window: torch.Tensor, x0: torch.Tensor, real: torch.Tensor, gamma: int, min_n: int = MIN_N,
+         max_n: int = MAX_N) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the windows with each real row's x0 appended, drafts [B, gamma], found [B]): `append`, then `lookup` on the
+    new windows; on a GPU one kernel (`kestrel/ops/lookup_triton.py`)."""
+    fn = kernel("kestrel.ops.lookup_triton", "step", window)
+    out = fn(window, x0, real, gamma, min_n, max_n) if fn is not None else None
+    if out is not None:
+        return out
+    window = append(window, x0.view(-1, 1), real.long())
+    return (window, *lookup(window, gamma, min_n, max_n))
 
 
 def lookup_reference(tokens: list[int], gamma: int, min_n: int = MIN_N, max_n: int = MAX_N) -> list[int] | None:

@@ -125,10 +125,9 @@ class SpecWorker:
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """(windows with each real row's x0 appended, the drafts): a block whose first draft the drafter doubts
         (confidence below LOOKUP_BELOW_CONFIDENCE) takes the context's lookup instead, where there is one."""
-        windows = context_lookup.append(windows, x0.view(-1, 1), real.long())
+        windows, cand, found = context_lookup.step(windows, x0, real, self.gamma)
         if draft.confidence is None:  # a drafter that gives no confidence (tests' oracles) keeps its drafts
             return windows, draft.tokens
-        cand, found = context_lookup.lookup(windows, self.gamma)
         use = found & (draft.confidence[:, 0] < LOOKUP_BELOW_CONFIDENCE)
         return windows, torch.where(use.view(-1, 1), cand, draft.tokens)
 

@@ -90,6 +90,11 @@ def test_greedy_drafts_through_the_ops_equal_the_loop(dtype, monkeypatch):
     assert loop.probs is None and loop.confidence is None
     with torch.no_grad():
         assert torch.equal(d._greedy_tokens(f, last, 6), loop.tokens)
+        # the context lookup's gate: the first position's confidence on the same path, as propose's loop rates it
+        first = d._greedy_drafts(f, last, 6, first_confidence=True)
+        rated = d.propose(f, last, 6, want_probs=False, confidence_positions=1).confidence
+        assert torch.equal(first.tokens, loop.tokens) and first.confidence.shape == (16, 1)
+        torch.testing.assert_close(first.confidence, rated, rtol=0, atol=1e-5 if dtype == torch.float32 else 1e-12)
         x = torch.randn(16, 7, d.cfg.hidden_size, dtype=dtype)
         for layer in d.layers:
             assert torch.equal(layer._draft_forward(x), layer(x))
