@@ -412,18 +412,16 @@ class DSparkDrafter(nn.Module):
             fold = self.__dict__["_fold"] = FoldedCorrection(self, key)
         return fold
 
-    def _greedy_tokens(self, features: torch.Tensor, last_token: torch.Tensor, gamma: int) -> torch.Tensor:
-        return self._greedy_drafts(features, last_token, gamma).tokens
-
     def _greedy_drafts(self, features: torch.Tensor, last_token: torch.Tensor, gamma: int,
                        first_confidence: bool = False) -> DraftOutput:
-        """propose's greedy drafts [B, gamma] (the serving loop's case: no distributions, no confidence) through
-        the correction ops: on a GPU four kernels a position (the correction's input and up projection; its down
-        projection adding the slot; the output norm and projection; the vocabulary projection's argmax as partial
-        keys, which the next position's first kernel reduces), where the module calls launch about fourteen. On
-        the CPU (the reference ops, propose's formulas) the same tokens as propose's loop, which stays the CPU's
-        path: ~15% faster there without the ops' dispatch and the argmax keys. With first_confidence, also the first
-        position's confidence ([B, 1]: the context lookup's gate), from that position's full logits."""
+        """propose's greedy drafts [B, gamma] (the serving loop's case: no distributions; no confidence, or the
+        first position's) through the correction ops: on a GPU four kernels a position (the correction's input and
+        up projection; its down projection adding the slot; the output norm and projection; the vocabulary
+        projection's argmax as partial keys, which the next position's first kernel reduces), where the module
+        calls launch about fourteen. On the CPU (the reference ops, propose's formulas) the same tokens as
+        propose's loop, which stays the CPU's path: ~15% faster there without the ops' dispatch and the argmax
+        keys. With first_confidence, also the first position's confidence ([B, 1]: the context lookup's gate),
+        from that position's full logits."""
         eps = self.cfg.rms_norm_eps
         ctx, slots = self.block(features, last_token, gamma)
         slots = slots.transpose(0, 1).contiguous()  # [gamma, B, D]: each position's rows contiguous

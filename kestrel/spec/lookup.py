@@ -39,7 +39,8 @@ def append(window: torch.Tensor, tokens: torch.Tensor, count: torch.Tensor) -> t
     return both.gather(1, start)
 
 
-def lookup(window: torch.Tensor, gamma: int, min_n: int = MIN_N, max_n: int = MAX_N) -> tuple[torch.Tensor, torch.Tensor]:
+def lookup(window: torch.Tensor, gamma: int, min_n: int = MIN_N,
+           max_n: int = MAX_N) -> tuple[torch.Tensor, torch.Tensor]:
     """(drafts [B, gamma] int64, found [B] bool): per row, the tokens after the latest earlier occurrence of the
     longest suffix n-gram, n in [min_n, max_n]; rows without one get found False (their drafts are arbitrary)."""
     B, W = window.shape

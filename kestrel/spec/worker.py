@@ -13,6 +13,10 @@ one copy in, one launch, one copy back. Otherwise (sampling, penalties, logprobs
 on the host: the drafting, the verify forward and the fold each replay a CUDA graph (blocks padded to one length)
 and a step synchronises once (the drafts come back with the target's greedy tokens), or twice when the planner
 prunes (it reads the drafter's confidences first).
+
+With context lookup on (`--speculative-context-lookup`; a CPU's default), each request also keeps a window of its
+latest tokens on the device, and a block whose first draft the drafter doubts is drafted from the context instead
+(`kestrel.spec.lookup`), on both paths.
 """
 
 import logging

@@ -89,7 +89,7 @@ def test_greedy_drafts_through_the_ops_equal_the_loop(dtype, monkeypatch):
     loop = d.propose(f, last, 6, want_probs=False, want_confidence=False)
     assert loop.probs is None and loop.confidence is None
     with torch.no_grad():
-        assert torch.equal(d._greedy_tokens(f, last, 6), loop.tokens)
+        assert torch.equal(d._greedy_drafts(f, last, 6).tokens, loop.tokens)
         # the context lookup's gate: the first position's confidence on the same path, as propose's loop rates it
         first = d._greedy_drafts(f, last, 6, first_confidence=True)
         rated = d.propose(f, last, 6, want_probs=False, confidence_positions=1).confidence
