@@ -29,6 +29,7 @@ from torch import nn
 import kestrel.ops as ops
 from kestrel.ops import dspark as dspark_ops
 from kestrel.ops import linear as linear_ops
+from kestrel.ops.dspark import reference as dspark_ref
 from kestrel.ops.dspark.reference import rms, rms_rows
 from kestrel.ops.linear import Prologue
 from kestrel.ops.moe import Activation
@@ -304,8 +305,7 @@ class DSparkDrafter(nn.Module):
 
     def confidence_from(self, state: torch.Tensor, top2: torch.Tensor) -> torch.Tensor:
         """The confidence head on states [..., D] and their peaks [..., 2] -> logits [...]."""
-        x = torch.cat([rms(state.detach(), self.cfg.rms_norm_eps), top2.to(state.dtype)], -1)
-        return self.conf_down(F.silu(self.conf_up(x)))[..., 0].float()
+        return dspark_ref.confidence_logits(state.detach(), top2, self.conf_up, self.conf_down, self.cfg.rms_norm_eps)
 
     def _check(self, features: torch.Tensor, last_token: torch.Tensor, gamma: int) -> None:
         if features.dim() != 2 or features.shape[1] != self.cfg.feature_size:
@@ -420,8 +420,9 @@ class DSparkDrafter(nn.Module):
         projection's argmax as partial keys, which the next position's first kernel reduces), where the module
         calls launch about fourteen. On the CPU (the reference ops, propose's formulas) the same tokens as
         propose's loop, which stays the CPU's path: ~15% faster there without the ops' dispatch and the argmax
-        keys. With first_confidence, also the first position's confidence ([B, 1]: the context lookup's gate),
-        from that position's full logits."""
+        keys. With first_confidence, also the first position's confidence ([B, 1]: the context lookup's gate): the
+        vocabulary projection's kernel also keeps each tile's largest two logits and exp-sum, and one more kernel
+        turns them and the position's state into the confidence (`ops.dspark.first_confidence`)."""
         eps = self.cfg.rms_norm_eps
         ctx, slots = self.block(features, last_token, gamma)
         slots = slots.transpose(0, 1).contiguous()  # [gamma, B, D]: each position's rows contiguous
@@ -432,11 +433,12 @@ class DSparkDrafter(nn.Module):
             s = state
             norm = Prologue("rms", s, lambda: rms(s, eps, self.out_norm), weight=self.out_norm, eps=eps)
             h = norm.apply() if self.out_proj is None else linear_ops.linear_with(norm, self.out_proj.weight)
-            prev = dspark_ops.head_keys(h, self.lm_head.weight)
+            if first_confidence and i == 0:  # the head's tiles also keep what the peak needs: two launches
+                prev, stats = dspark_ops.head_keys(h, self.lm_head.weight, stats=True)
+                conf = dspark_ops.first_confidence(stats, state, self.conf_up, self.conf_down, eps)
+            else:
+                prev = dspark_ops.head_keys(h, self.lm_head.weight)
             keys.append(prev)
-            if first_confidence and i == 0:
-                peak = self.peak(F.linear(h, self.lm_head.weight))
-                conf = torch.sigmoid(self.confidence_from(state.unsqueeze(1), peak.unsqueeze(1)))
         return DraftOutput(dspark_ops.decode(torch.stack(keys, 1)), None, conf)  # tokens [B, gamma]
 
     # ---- checkpoints

@@ -31,7 +31,12 @@ def fill_window(tokens: list[int], width: int = WINDOW, device=None) -> torch.Te
 
 
 def append(window: torch.Tensor, tokens: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """Each row's window after appending its first count[b] of tokens[b] (window [B, W], tokens [B, K], count [B])."""
+    """Each row's window after appending its first count[b] of tokens[b] (window [B, W], tokens [B, K], count [B]);
+    on a GPU one kernel."""
+    fn = kernel("kestrel.ops.lookup_triton", "append", window)
+    out = fn(window, tokens, count) if fn is not None else None
+    if out is not None:
+        return out
     B, W = window.shape
     K = tokens.shape[1]
     both = torch.cat([window, tokens], 1)  # [B, W + K]
@@ -74,6 +79,21 @@ def step(window: torch.Tensor, x0: torch.Tensor, real: torch.Tensor, gamma: int,
         return out
     window = append(window, x0.view(-1, 1), real.long())
     return (window, *lookup(window, gamma, min_n, max_n))
+
+
+def select(window: torch.Tensor, x0: torch.Tensor, real: torch.Tensor, gamma: int, drafts: torch.Tensor,
+           confidence: torch.Tensor, below: float, min_n: int = MIN_N,
+           max_n: int = MAX_N) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the windows after `step`, the drafts [B, gamma]): a block takes the lookup's drafts where the lookup found
+    one and the drafter's confidence [B] in its own drafts is below `below`, else keeps `drafts`; on a GPU one
+    kernel (the step's, choosing too)."""
+    fn = kernel("kestrel.ops.lookup_triton", "select", window)
+    out = fn(window, x0, real, gamma, drafts, confidence, below, min_n, max_n) if fn is not None else None
+    if out is not None:
+        return out
+    window, cand, found = step(window, x0, real, gamma, min_n, max_n)
+    use = found & (confidence < below)
+    return window, torch.where(use.view(-1, 1), cand, drafts)
 
 
 def lookup_reference(tokens: list[int], gamma: int, min_n: int = MIN_N, max_n: int = MAX_N) -> list[int] | None:

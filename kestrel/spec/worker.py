@@ -129,11 +129,10 @@ class SpecWorker:
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """(windows with each real row's x0 appended, the drafts): a block whose first draft the drafter doubts
         (confidence below LOOKUP_BELOW_CONFIDENCE) takes the context's lookup instead, where there is one."""
-        windows, cand, found = context_lookup.step(windows, x0, real, self.gamma)
         if draft.confidence is None:  # a drafter that gives no confidence (tests' oracles) keeps its drafts
-            return windows, draft.tokens
-        use = found & (draft.confidence[:, 0] < LOOKUP_BELOW_CONFIDENCE)
-        return windows, torch.where(use.view(-1, 1), cand, draft.tokens)
+            return context_lookup.step(windows, x0, real, self.gamma)[0], draft.tokens
+        return context_lookup.select(windows, x0, real, self.gamma, draft.tokens, draft.confidence[:, 0],
+                                     LOOKUP_BELOW_CONFIDENCE)
 
     def interrupted(self) -> None:
         """Another forward (a prefill) ran since the last speculative step: the next step's gap is not overhead,
@@ -280,17 +279,11 @@ class SpecWorker:
         feeds n[i] real tokens from position prefix[i]; past them (and in blocks with n = 0) tokens write their
         latents to the scratch page and attend to their block's real keys only (at least one key)."""
         mem = self.runner.mem
-        ps, B, width = mem.page_size, n.shape[0], table.shape[1]
-        step = torch.arange(L, device=n.device).view(1, L)
-        pos = prefix.view(B, 1) + step
-        real = step < n.view(B, 1)
-        page = table.gather(1, torch.where(real, pos // ps, 0).clamp_max(width - 1)).long()
-        locs = torch.where(real, page * ps + pos % ps, mem.scratch_page * ps)
-        keys = (torch.minimum(pos, (prefix + n - 1).view(B, 1)) + 1).clamp_min(1)
-        return ForwardBatch(ForwardMode.VERIFY, ids, pos.view(-1), [L] * B, [0] * B, mem=mem, page_table=table,
-                            out_cache_loc=locs.view(-1), state_slots=slots, capture_layers=self.layers,
-                            spec_rollback=self.rollback, verify_lens_t=n.to(torch.int32),
-                            key_lens_t=keys.view(-1).to(torch.int32))
+        B = n.shape[0]
+        pos, locs, keys, n32 = dspark_ops.block_positions(prefix, n, table, mem.page_size, mem.scratch_page, L)
+        return ForwardBatch(ForwardMode.VERIFY, ids, pos, [L] * B, [0] * B, mem=mem, page_table=table,
+                            out_cache_loc=locs, state_slots=slots, capture_layers=self.layers,
+                            spec_rollback=self.rollback, verify_lens_t=n32, key_lens_t=keys)
 
     def _forward_batch(self, b: Batch, ids: torch.Tensor, lens: list[int], L: int | None = None) -> ForwardBatch:
         """The VERIFY batch of blocks of `lens` tokens padded to L (default: the longest); one host-to-device copy
@@ -302,10 +295,7 @@ class SpecWorker:
     def _resolve(self, ints: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each request's last committed token and prefix length on the device: a future reference reads the token
         the batch in flight produces, and a chained row adds the steps that batch commits (`_host_ints`' ints)."""
-        r = self.runner
-        x0, prefix, ref = ints[0], ints[2], ints[7]
-        x0 = torch.where(x0 < 0, r.future[(-x0 - 1).clamp_min(0)], x0)
-        return x0, prefix + torch.where(ref >= 0, r.future_commit[ref.clamp_min(0)], 0)
+        return dspark_ops.resolve(ints[0], ints[2], ints[7], self.runner.future, self.runner.future_commit)
 
     def _publish(self, ints: torch.Tensor, tokens: torch.Tensor, commit: torch.Tensor) -> None:
         """A step's last token and committed steps per request into the futures a chained step reads."""

@@ -94,18 +94,24 @@ def test_kda_verify_and_fold(dtype, lower_bound, logits, prefetch, monkeypatch):
     """The Triton verify against the reference verify; the Triton fold against the reference fold; and ReplaySSM's
     invariant on the kernels themselves: verify + fold of any accepted prefix leaves the conv tail and the state
     bit-identical to decoding those tokens one by one with the decode kernel (snapshots inside the window too).
-    The recurrence over a block's steps as a loop, and unrolled with each step's inputs loaded a step ahead."""
+    The recurrence over a block's steps as a loop, and unrolled with each step's inputs loaded a step ahead (with
+    the block's rows strided, as columns of a wider projection output, which the verify reads in place); the steps
+    past a block's length output zeros."""
     from kestrel.ops.kda import reference as R, triton as K
     monkeypatch.setattr(K, "RECUR_PREFETCH", prefetch)
     monkeypatch.setattr(K, "RECUR_PREFETCH_MAX_K", 1 << 20)
     B, H, Kd, W, S, L = (3, 2, 16, 4, 12, 5) if SMALL else (9, 16, 128, 4, 30, 8)
     C = 3 * H * Kd
     x, cw = rnd(B, L, C, dtype=dtype), rnd(C, W, dtype=dtype, scale=0.5)
+    if prefetch:  # the fused projection's columns: rows C + 40 apart
+        x = torch.cat([rnd(B, L, 24, dtype=dtype), x, rnd(B, L, 16, dtype=dtype)], -1)[..., 24 : 24 + C]
+        assert x.stride(1) == C + 40
     conv, ssm = rnd(S, W - 1, C, dtype=dtype), rnd(S, H, Kd, Kd)
     slots = torch.randperm(S // 2 - 1, device=DEV)[:B] + 1
     snap_slots = torch.randperm(S // 2, device=DEV)[:B] + S // 2
     raw, A, dtb, beta = rnd(B, L, H, Kd, dtype=dtype), rnd(H), rnd(H * Kd), _beta((B, L, H), logits, dtype)
     lens = torch.randint(1, L + 1, (B,)).tolist()
+    lens[0] = L - 1  # at least one padding step
     commit = [torch.randint(1, n + 1, ()).item() for n in lens]
     snaps = [(torch.randint(1, c + 1, ()).item(), int(snap_slots[i])) if i % 2 == 0 else None
              for i, c in enumerate(commit)]
@@ -121,6 +127,7 @@ def test_kda_verify_and_fold(dtype, lower_bound, logits, prefetch, monkeypatch):
     assert torch.equal(c_k, conv) and torch.equal(s_k, ssm), "verify wrote the committed state"
     valid = torch.arange(L, device=DEV)[None, :] < torch.tensor(lens, device=DEV)[:, None]
     assert rel(o_k[valid], o_ref[valid]) < TOL[dtype]
+    assert bool((o_k[~valid] == 0).all()) and not bool(valid.all())
     for name in ("k", "v", "g", "beta"):  # past a block's length the kernel keeps real inputs, the reference zeros
         assert rel(getattr(rec_k, name)[valid], getattr(rec_ref, name)[valid]) < TOL[dtype], name
     c_t, s_t = c_k.clone(), s_k.clone()
@@ -396,6 +403,75 @@ def test_dspark_correction(dtype):
     assert torch.equal(R.decode(keys), R.decode(R.head_keys(h, emb))) or dtype == torch.bfloat16
     # the next position's kernel reads the keys: the same as reading their ids
     assert torch.equal(K.correct_up(slot, state, keys, emb, w, 1e-5), K.correct_up(slot, state, got, emb, w, 1e-5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dspark_head_stats_and_first_confidence(dtype):
+    """The context lookup's gate on the fast drafting path: the vocabulary kernel's per-tile summaries (largest two
+    logits, exp-sum) give the drafter's peak, ties across and within tiles included, without changing its keys;
+    the confidence kernel (peak, the state's RMSNorm, the two-layer head, sigmoid) against the reference on the
+    same summaries."""
+    import torch.nn.functional as F
+
+    from kestrel.ops.dspark import reference as R, triton as K
+    torch.manual_seed(3)
+    B, D, T, C, V = (3, 24, 32, 16, 200) if SMALL else (5, 192, 256, 64, 4096)
+    h, w = rnd(B, T, dtype=dtype), rnd(V, T, dtype=dtype, scale=T**-0.5)
+    w[V - 1] = w[3] = (h[1] * 4 / h[1].float().norm().item()).to(dtype)  # row 1: a tie for the largest, far apart
+    keys, stats = K.head_keys(h, w, stats=True)
+    assert torch.equal(keys, K.head_keys(h, w)) and stats.shape == (B, keys.shape[1], 3) and keys.shape[1] > 1
+    lg = F.linear(h.float(), w.float()).to(dtype)  # the logits as the kernel rounds them (to its summation order)
+    peak = R.peak(stats)
+    torch.testing.assert_close(peak, R.peak(R.head_stats(lg).unsqueeze(1)), rtol=0, atol=1e-5 if dtype == torch.float32 else 3e-2)
+    assert peak[1, 0] == peak[1, 1]  # the tie: the second largest is the largest
+    # the tiles' reduction alone (reference.peak over a split row against the whole row): ties inside one tile too
+    x = torch.randn(4, 96) * 4
+    x[1, 5] = x[1, 9] = x[1].max() + 1
+    tiles = R.head_stats(x.view(4, 6, 16))  # [4, 6, 3]
+    torch.testing.assert_close(R.peak(tiles), R.peak(R.head_stats(x).unsqueeze(1)), rtol=0, atol=1e-5)
+    torch.testing.assert_close(R.peak(R.head_stats(x).unsqueeze(1)),
+                               x.topk(2, -1).values - torch.logsumexp(x, -1, keepdim=True), rtol=0, atol=1e-5)
+    assert R.peak(tiles)[1, 0] == R.peak(tiles)[1, 1]
+    up, down = torch.nn.Linear(D + 2, C, dtype=dtype, device=DEV), torch.nn.Linear(C, 1, dtype=dtype, device=DEV)
+    with torch.no_grad():
+        # fan-in scaled, so the head's logit is O(1) and the sigmoid far from saturating: the rows' confidences differ
+        for p, scale in ((up.weight, (D + 2) ** -0.5), (up.bias, 0.5), (down.weight, 2 * C**-0.5), (down.bias, 0.5)):
+            p.copy_(rnd(*p.shape, dtype=dtype, scale=scale))
+        state = rnd(B, D, dtype=dtype)
+        got, want = K.first_confidence(stats, state, up, down, 1e-5), R.first_confidence(stats, state, up, down, 1e-5)
+    assert got.shape == want.shape == (B, 1) and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5 if dtype == torch.float32 else 3e-2)
+    assert float(want.std()) > 0.01  # the rows differ: a kernel reading one row for all would fail
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_dspark_step_inputs(page_size):
+    """The speculative step's first ops as kernels against the torch formulation, exactly: each request's last token
+    and prefix (future references to the batch in flight, chained rows adding its commits), and the VERIFY batch's
+    positions, cache locations, keys per token and real-token counts (padding blocks with n = 0, blocks past the
+    page table's width clamped, the scratch page for padding steps)."""
+    from kestrel.ops.dspark import reference as R, triton as K
+    g = torch.Generator().manual_seed(11)
+    B, L, width, F = 13, 8, 16, 40
+    future = torch.randint(0, 1000, (F,), generator=g).to(DEV)
+    commit = torch.randint(1, L + 1, (F,), generator=g).to(DEV)
+    x0 = torch.randint(0, 1000, (B,), generator=g)
+    x0[::3] = -1 - torch.randint(0, F, (len(x0[::3]),), generator=g)  # future references
+    ref = torch.randint(-1, F, (B,), generator=g)
+    prefix = torch.randint(0, page_size * width - L, (B,), generator=g)
+    x0, ref, prefix = x0.to(DEV), ref.to(DEV), prefix.to(DEV)
+    got, want = K.resolve(x0, prefix, ref, future, commit), R.resolve(x0, prefix, ref, future, commit)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert bool((want[0] != x0).any()) and bool((want[1] != prefix).any())
+    n = torch.randint(0, L + 1, (B,), generator=g).to(DEV)
+    n[0], n[1] = 0, L
+    table = torch.randint(1, 50, (B, width), generator=g).to(torch.int32).to(DEV)
+    prefix = want[1].clone()
+    prefix[2] = page_size * width + 3  # past the table: its real steps read the last page (clamped)
+    got = K.block_positions(prefix, n, table, page_size, 0, L)
+    want = R.block_positions(prefix, n, table, page_size, 0, L)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and torch.equal(a, b), (a, b)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

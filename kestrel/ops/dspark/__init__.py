@@ -17,9 +17,24 @@ def correct_up(slot, state, prev, emb, w_up, eps: float):
     return fn(slot, state, prev, emb, w_up, eps)
 
 
-def head_keys(h, w):
+def head_keys(h, w, stats: bool = False):
     fn = _fast("head_keys", h, h.shape[0]) or reference.head_keys
-    return fn(h, w)
+    return fn(h, w, stats)
+
+
+def first_confidence(stats, state, up, down, eps: float):
+    fn = _fast("first_confidence", state, state.shape[0]) or reference.first_confidence
+    return fn(stats, state, up, down, eps)
+
+
+def resolve(x0, prefix, ref, future, future_commit):
+    fn = kernel(__name__ + ".triton", "resolve", x0) or reference.resolve
+    return fn(x0, prefix, ref, future, future_commit)
+
+
+def block_positions(prefix, n, table, page_size: int, scratch_page: int, L: int):
+    fn = kernel(__name__ + ".triton", "block_positions", n) or reference.block_positions
+    return fn(prefix, n, table, page_size, scratch_page, L)
 
 
 def accept_greedy(logits, drafts, keep, n, snap_n):

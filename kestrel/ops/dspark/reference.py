@@ -68,11 +68,70 @@ def correct_up(slot: torch.Tensor, state: torch.Tensor, prev: torch.Tensor, emb:
     return F.silu(F.linear(rms_rows([slot, state, emb[prev_tokens(prev)]], eps), w_up))
 
 
-def head_keys(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """The argmax of the logits h @ w^T (rounded to h's dtype, as the lm_head's output is) as partial keys [B, 1]."""
+def head_keys(h: torch.Tensor, w: torch.Tensor, stats: bool = False):
+    """The argmax of the logits h @ w^T (rounded to h's dtype, as the lm_head's output is) as partial keys [B, 1];
+    with stats, also the logits' summary [B, 1, 3] (`head_stats`): (keys, stats)."""
     logits = F.linear(h, w)
     ids = logits.argmax(-1, keepdim=True)
-    return pack(logits.gather(-1, ids), ids)
+    keys = pack(logits.gather(-1, ids), ids)
+    return (keys, head_stats(logits).unsqueeze(1)) if stats else keys
+
+
+def head_stats(logits: torch.Tensor) -> torch.Tensor:
+    """[..., V] -> [..., 3] fp32: the largest logit, the second largest (equal to the largest on a tie) and the sum
+    of exp(logit - largest): what `peak` needs, kept per tile of the vocabulary by the head's kernel."""
+    x = logits.float()
+    top = x.topk(2, -1).values
+    return torch.cat([top, torch.exp(x - top[..., :1]).sum(-1, keepdim=True)], -1)
+
+
+def peak(stats: torch.Tensor) -> torch.Tensor:
+    """Partial stats [B, P, 3] (one per tile of the vocabulary) -> [B, 2]: the two largest log-probabilities (the
+    drafter's `peak`). The largest two of the tiles' largest two, and logsumexp = m + log sum_p s_p exp(m_p - m)."""
+    m1, m2, s = stats.unbind(-1)
+    top = torch.cat([m1, m2], -1).topk(2, -1).values  # [B, 2]
+    lse = top[:, :1] + torch.log((s * torch.exp(m1 - top[:, :1])).sum(-1, keepdim=True))
+    return top - lse
+
+
+def confidence_logits(state: torch.Tensor, top2: torch.Tensor, up: torch.nn.Linear, down: torch.nn.Linear,
+                      eps: float) -> torch.Tensor:
+    """The confidence head on drafter states [..., D] and their peaks [..., 2] -> logits [...] fp32: a two-layer
+    MLP (SiLU) on the state's RMSNorm beside the peak."""
+    x = torch.cat([rms(state, eps), top2.to(state.dtype)], -1)
+    return down(F.silu(up(x)))[..., 0].float()
+
+
+def first_confidence(stats: torch.Tensor, state: torch.Tensor, up: torch.nn.Linear, down: torch.nn.Linear,
+                     eps: float) -> torch.Tensor:
+    """The probability [B, 1] fp32 that the target accepts a position's draft, from the head's partial stats
+    [B, P, 3] and the position's corrected state [B, D] (the context lookup's gate on the first position)."""
+    return torch.sigmoid(confidence_logits(state, peak(stats), up, down, eps)).unsqueeze(1)
+
+
+def resolve(x0: torch.Tensor, prefix: torch.Tensor, ref: torch.Tensor, future: torch.Tensor,
+            future_commit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each request's last committed token and prefix length on the device (the speculative step's first op):
+    x0 < 0 is a future reference (-x0 - 1 indexes `future`, the token the batch in flight produces), and a row with
+    ref >= 0 adds the steps that batch commits (future_commit[ref]). All [B] int64."""
+    x0 = torch.where(x0 < 0, future[(-x0 - 1).clamp_min(0)], x0)
+    return x0, prefix + torch.where(ref >= 0, future_commit[ref.clamp_min(0)], 0)
+
+
+def block_positions(prefix: torch.Tensor, n: torch.Tensor, table: torch.Tensor, page_size: int, scratch_page: int,
+                    L: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where a VERIFY batch of B blocks padded to L tokens reads and writes: block i feeds n[i] real tokens from
+    position prefix[i]; past them (and in blocks with n = 0) tokens write their latents to the scratch page and
+    attend to their block's real keys only (at least one key). Returns (positions [B * L] int64, cache locations
+    [B * L] int64, keys per token [B * L] int32, n [B] int32); table [B, width] the page table."""
+    B, width = n.shape[0], table.shape[1]
+    step = torch.arange(L, device=n.device).view(1, L)
+    pos = prefix.view(B, 1) + step
+    real = step < n.view(B, 1)
+    page = table.gather(1, torch.where(real, pos // page_size, 0).clamp_max(width - 1)).long()
+    locs = torch.where(real, page * page_size + pos % page_size, scratch_page * page_size)
+    keys = (torch.minimum(pos, (prefix + n - 1).view(B, 1)) + 1).clamp_min(1)
+    return pos.view(-1), locs.view(-1), keys.view(-1).to(torch.int32), n.to(torch.int32)
 
 
 def accept_greedy(logits: torch.Tensor, drafts: torch.Tensor, keep: torch.Tensor, n: torch.Tensor,

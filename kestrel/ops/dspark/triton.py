@@ -7,8 +7,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kestrel.ops import pdl
-from kestrel.ops.triton_utils import launch
+from kestrel.ops import pdl, pdl_args
+from kestrel.ops.triton_utils import launch, pdl_prologue
 
 MIN_KEY = tl.constexpr(-9223372036854775808)  # below every key
 # the largest weight tile (elements) a program holds
@@ -91,8 +91,8 @@ def correct_up(slot: torch.Tensor, state: torch.Tensor, prev: torch.Tensor, emb:
 
 
 @triton.jit
-def _head_keys_kernel(h_ptr, w_ptr, keys_ptr, N, NB, K: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr,
-                      PDL: tl.constexpr):
+def _head_keys_kernel(h_ptr, w_ptr, keys_ptr, stats_ptr, N, NB, K: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr,
+                      STATS: tl.constexpr, PDL: tl.constexpr):
     nb = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     rows, cols, w = _tile_then_wait(w_ptr, N, K, KP, BN, PDL)
@@ -103,14 +103,23 @@ def _head_keys_kernel(h_ptr, w_ptr, keys_ptr, N, NB, K: tl.constexpr, KP: tl.con
     key = (ordered.to(tl.int64) << 32) | (_low() - rows.to(tl.int64))
     key = tl.where(rows < N, key, MIN_KEY)
     tl.store(keys_ptr + b * NB + nb, tl.max(key, 0))
+    if STATS:  # the tile's largest two logits and sum of exp(logit - largest): reference.head_stats per tile
+        x = tl.where(rows < N, logit, float("-inf"))
+        m1 = tl.max(x, 0)
+        first = tl.min(tl.where(x == m1, rows, N + BN), 0)
+        m2 = tl.max(tl.where(rows == first, float("-inf"), x), 0)
+        out = stats_ptr + (b * NB + nb) * 3
+        tl.store(out, m1)
+        tl.store(out + 1, m2)
+        tl.store(out + 2, tl.sum(tl.exp(x - m1), 0))
 
 
-def head_keys(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """See reference.head_keys: here one key per program's tile of the vocabulary, [B, P] (fp64 goes to the
-    reference)."""
+def head_keys(h: torch.Tensor, w: torch.Tensor, stats: bool = False):
+    """See reference.head_keys: here one key (and with stats, one [3] summary) per program's tile of the
+    vocabulary, [B, P] (and [B, P, 3]) (fp64 goes to the reference)."""
     if h.dtype == torch.float64:
         from kestrel.ops.dspark.reference import head_keys as ref
-        return ref(h, w)
+        return ref(h, w, stats)
     B, K = h.shape
     N = w.shape[0]
     assert w.shape[1] == K and w.is_contiguous() and w.dtype == h.dtype
@@ -119,11 +128,140 @@ def head_keys(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     BN = max(1, min(64, TILE // KP))
     NB = triton.cdiv(N, BN)
     keys = torch.empty(B, NB, dtype=torch.int64, device=h.device)
+    summary = torch.empty(B, NB, 3, dtype=torch.float32, device=h.device) if stats else keys
     use_pdl = pdl(h)
     if B:
-        launch(_head_keys_kernel, (NB, B), h, w, keys, N, NB, K=K, KP=KP, BN=BN, PDL=use_pdl, launch_pdl=use_pdl,
-               num_warps=4, num_stages=1)
-    return keys
+        launch(_head_keys_kernel, (NB, B), h, w, keys, summary, N, NB, K=K, KP=KP, BN=BN, STATS=stats, PDL=use_pdl,
+               launch_pdl=use_pdl, num_warps=4, num_stages=1)
+    return (keys, summary) if stats else keys
+
+
+@triton.jit
+def _confidence_kernel(stats_ptr, state_ptr, wu_ptr, bu_ptr, wd_ptr, bd_ptr, out_ptr, P, eps, D: tl.constexpr,
+                       C: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr, PP: tl.constexpr, PDL: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    K: tl.constexpr = D + 2
+    rc = tl.arange(0, CP)
+    rk = tl.arange(0, KP)
+    if PDL:  # the head's weights before the wait (parameters)
+        gdc_launch_dependents()
+    wu = tl.load(wu_ptr + rc[:, None] * K + rk[None, :], mask=(rc[:, None] < C) & (rk[None, :] < K), other=0.0)
+    bu = tl.load(bu_ptr + rc, mask=rc < C, other=0.0).to(tl.float32)
+    wd = tl.load(wd_ptr + rc, mask=rc < C, other=0.0).to(tl.float32)
+    bd = tl.load(bd_ptr).to(tl.float32)
+    if PDL:
+        gdc_wait()
+    # the peak (reference.peak): the largest two of the tiles' largest two, logsumexp from the tiles' sums
+    rp = tl.arange(0, PP)
+    on = rp < P
+    base = stats_ptr + (b * P + rp) * 3
+    m1 = tl.load(base, mask=on, other=float("-inf"))
+    m2 = tl.load(base + 1, mask=on, other=float("-inf"))
+    s = tl.load(base + 2, mask=on, other=0.0)
+    top1 = tl.max(m1, 0)
+    first = tl.min(tl.where(m1 == top1, rp, PP), 0)
+    top2 = tl.maximum(tl.max(tl.where(rp == first, float("-inf"), m1), 0),
+                      tl.max(tl.where(rp == first, m2, float("-inf")), 0))
+    lse = top1 + tl.log(tl.sum(tl.where(on, s * tl.exp(m1 - top1), 0.0), 0))
+    # [rms(state), peak] rounded to the state's dtype, then the two-layer head, each output rounded as torch's
+    dt = state_ptr.dtype.element_ty
+    x = tl.load(state_ptr + b * D + rk, mask=rk < D, other=0.0).to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(x * x, 0) / D + eps)
+    u = tl.where(rk < D, (x * r).to(dt).to(tl.float32), 0.0)
+    u = tl.where(rk == D, (top1 - lse).to(dt).to(tl.float32), u)
+    u = tl.where(rk == D + 1, (top2 - lse).to(dt).to(tl.float32), u)
+    a = (tl.sum(wu.to(tl.float32) * u[None, :], 1) + bu).to(dt).to(tl.float32)
+    a = tl.where(rc < C, (a * tl.sigmoid(a)).to(dt).to(tl.float32), 0.0)
+    z = (tl.sum(wd * a, 0) + bd).to(dt).to(tl.float32)
+    tl.store(out_ptr + b, tl.sigmoid(z))
+
+
+def first_confidence(stats: torch.Tensor, state: torch.Tensor, up, down, eps: float) -> torch.Tensor:
+    """See reference.first_confidence: one program per row (fp64, or a head without biases, goes to the reference)."""
+    if state.dtype == torch.float64 or up.bias is None or down.bias is None:
+        from kestrel.ops.dspark.reference import first_confidence as ref
+        return ref(stats, state, up, down, eps)
+    B, D = state.shape
+    C = up.weight.shape[0]
+    P = stats.shape[1]
+    assert up.weight.shape[1] == D + 2 and down.weight.shape == (1, C) and up.weight.is_contiguous()
+    out = torch.empty(B, 1, dtype=torch.float32, device=state.device)
+    use_pdl = pdl(state)
+    if B:
+        launch(_confidence_kernel, (B,), stats.contiguous(), state.contiguous(), up.weight, up.bias,
+               down.weight.contiguous(), down.bias, out, P, eps, D=D, C=C, KP=triton.next_power_of_2(D + 2),
+               CP=triton.next_power_of_2(C), PP=triton.next_power_of_2(P), PDL=use_pdl, launch_pdl=use_pdl,
+               num_warps=8, num_stages=1)
+    return out
+
+
+@triton.jit
+def _resolve_kernel(x0_ptr, prefix_ptr, ref_ptr, future_ptr, commit_ptr, x0_out, prefix_out, B, BP: tl.constexpr,
+                    PDL: tl.constexpr):
+    pdl_prologue(PDL)
+    i = tl.arange(0, BP)
+    on = i < B
+    x0 = tl.load(x0_ptr + i, mask=on, other=0)
+    ref = tl.load(ref_ptr + i, mask=on, other=-1)
+    fut = tl.load(future_ptr + tl.maximum(-x0 - 1, 0), mask=on & (x0 < 0), other=0)
+    add = tl.load(commit_ptr + tl.maximum(ref, 0), mask=on & (ref >= 0), other=0)
+    tl.store(x0_out + i, tl.where(x0 < 0, fut, x0), mask=on)
+    tl.store(prefix_out + i, tl.load(prefix_ptr + i, mask=on, other=0) + add, mask=on)
+
+
+def resolve(x0: torch.Tensor, prefix: torch.Tensor, ref: torch.Tensor, future: torch.Tensor,
+            future_commit: torch.Tensor):
+    """See reference.resolve: one program (int64 rows of any B)."""
+    if any(t.dtype != torch.int64 for t in (x0, prefix, ref, future, future_commit)):
+        from kestrel.ops.dspark.reference import resolve as ref_resolve
+        return ref_resolve(x0, prefix, ref, future, future_commit)
+    B = x0.shape[0]
+    x0_out, prefix_out = torch.empty_like(x0), torch.empty_like(prefix)
+    if B:
+        _resolve_kernel[(1,)](x0.contiguous(), prefix.contiguous(), ref.contiguous(), future, future_commit, x0_out,
+                              prefix_out, B, BP=triton.next_power_of_2(B), num_warps=4, **pdl_args(x0))
+    return x0_out, prefix_out
+
+
+@triton.jit
+def _block_positions_kernel(prefix_ptr, n_ptr, table_ptr, pos_ptr, locs_ptr, keys_ptr, n32_ptr, stride_t, width, ps,
+                            scratch, L: tl.constexpr, LP: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
+    b = tl.program_id(0).to(tl.int64)
+    step = tl.arange(0, LP)
+    on = step < L
+    pre = tl.load(prefix_ptr + b)
+    n = tl.load(n_ptr + b)
+    pos = pre + step
+    real = step < n
+    idx = tl.minimum(tl.where(real, pos // ps, 0), width - 1)
+    page = tl.load(table_ptr + b * stride_t + idx, mask=on, other=0).to(tl.int64)
+    locs = tl.where(real, page * ps + pos % ps, scratch * ps)
+    keys = tl.maximum(tl.minimum(pos, pre + n - 1) + 1, 1)
+    tl.store(pos_ptr + b * L + step, pos, mask=on)
+    tl.store(locs_ptr + b * L + step, locs, mask=on)
+    tl.store(keys_ptr + b * L + step, keys.to(tl.int32), mask=on)
+    tl.store(n32_ptr + b, n.to(tl.int32))
+
+
+def block_positions(prefix: torch.Tensor, n: torch.Tensor, table: torch.Tensor, page_size: int, scratch_page: int,
+                    L: int):
+    """See reference.block_positions: one program per block (int64 prefix and n; a page table of unit column
+    stride)."""
+    if prefix.dtype != torch.int64 or n.dtype != torch.int64 or table.stride(-1) != 1:
+        from kestrel.ops.dspark.reference import block_positions as ref
+        return ref(prefix, n, table, page_size, scratch_page, L)
+    B = n.shape[0]
+    dev = n.device
+    pos = torch.empty(B * L, dtype=torch.int64, device=dev)
+    locs = torch.empty(B * L, dtype=torch.int64, device=dev)
+    keys = torch.empty(B * L, dtype=torch.int32, device=dev)
+    n32 = torch.empty(B, dtype=torch.int32, device=dev)
+    if B:
+        _block_positions_kernel[(B,)](prefix.contiguous(), n.contiguous(), table, pos, locs, keys, n32, table.stride(0),
+                                      table.shape[1], page_size, scratch_page, L=L, LP=triton.next_power_of_2(L),
+                                      num_warps=1, **pdl_args(n))
+    return pos, locs, keys, n32
 
 
 # vocabulary entries an acceptance program compares at a time

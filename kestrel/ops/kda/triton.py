@@ -120,10 +120,11 @@ def _delta_update(S, k, v, g, beta):
 
 @triton.jit
 def _kda_prep_kernel(x_ptr, w_ptr, conv_ptr, slots_ptr, raw_ptr, alog_ptr, dtb_ptr, q_ptr, k_ptr, v_ptr, g_ptr,
-                     blog_ptr, beta_ptr, H, stride_xb, stride_conv, stride_blog, lower_bound, scale, L,
+                     blog_ptr, beta_ptr, H, stride_xb, stride_xt, stride_conv, stride_blog, lower_bound, scale, L,
                      K: tl.constexpr, V: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, SAFE_GATE: tl.constexpr,
                      WRITE_TAIL: tl.constexpr, BETA_LOGITS: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
-    """Step t of block b, head h: conv window rows t .. t + W - 1 of [tail, x_b], SiLU, L2 norm, gate. Writes q
+    """Step t of block b, head h: conv window rows t .. t + W - 1 of [tail, x_b] (x_b's steps stride_xt apart: a
+    verify block may be rows of a wider GEMM output), SiLU, L2 norm, gate. Writes q
     (scaled, fp32), k, v (activation dtype) and g (fp32) of the step; WRITE_TAIL (decode, L = 1) shifts the tail;
     BETA_LOGITS: beta = sigmoid(logit) (fp32) of the step and head too. EARLY (see EARLY_STATE): the tail, the
     conv weights and the gate's parameters are read before the wait."""
@@ -144,7 +145,7 @@ def _kda_prep_kernel(x_ptr, w_ptr, conv_ptr, slots_ptr, raw_ptr, alog_ptr, dtb_p
     # slot rows may be strided (the unified pool interleaves every layer's state in one block per slot)
     tail = conv_ptr + slot * stride_conv
     # what no kernel of this step writes (the cached tail, from an earlier step; the weights), read first: with
-    # EARLY, before waiting for the projections (a block's steps are contiguous rows of C channels)
+    # EARLY, before waiting for the projections
     qt = _tail_part(tail, t, qc, C, W, BW)
     kt = _tail_part(tail, t, kc, C, W, BW)
     vt = _tail_part(tail, t, vc, C, W, BW)
@@ -155,9 +156,9 @@ def _kda_prep_kernel(x_ptr, w_ptr, conv_ptr, slots_ptr, raw_ptr, alog_ptr, dtb_p
         if EARLY:
             gdc_wait()
     xb = x_ptr + b * stride_xb
-    qw = _conv_window(xb, C, qt, t, qc, C, W, BW)
-    kw = _conv_window(xb, C, kt, t, kc, C, W, BW)
-    vw = _conv_window(xb, C, vt, t, vc, C, W, BW)
+    qw = _conv_window(xb, stride_xt, qt, t, qc, C, W, BW)
+    kw = _conv_window(xb, stride_xt, kt, t, kc, C, W, BW)
+    vw = _conv_window(xb, stride_xt, vt, t, vc, C, W, BW)
     q = _l2norm_round(_conv_silu(qw, qcw, W, BW, dt), 1e-6, dt) * scale
     k = _l2norm_round(_conv_silu(kw, kcw, W, BW, dt), 1e-6, dt)
     v = _conv_silu(vw, vcw, W, BW, dt)
@@ -196,7 +197,7 @@ def _kda_recur_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slot
                       ALL_STEPS: tl.constexpr, HAS_OUT: tl.constexpr, WRITE_STATE: tl.constexpr,
                       HAS_SNAP: tl.constexpr, EARLY: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
     """The recurrence of block b, head h, columns [vb * BV, (vb + 1) * BV) over its first n[b] stored steps (all L
-    with ALL_STEPS), from its state slot. HAS_OUT writes o per step; WRITE_STATE writes the state back; HAS_SNAP
+    with ALL_STEPS), from its state slot. HAS_OUT writes o per step (zeros for the steps past n[b]); WRITE_STATE writes the state back; HAS_SNAP
     also stores the state after snap_n[b] steps into slot snap_slot[b]. EARLY (see EARLY_STATE): the state is read
     before the wait. PREFETCH (see RECUR_PREFETCH): the steps unrolled, each step's inputs loaded before the step
     before it runs (steps past n[b] are loaded too: a block's record holds real inputs there)."""
@@ -241,10 +242,12 @@ def _kda_recur_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slot
                 if HAS_SNAP:
                     if t + 1 == snap_n:
                         tl.store(ssm_ptr + dst * stride_ssm + tile, S)
+            elif HAS_OUT:  # a padding step: zeros (no separate fill launch before the kernel)
+                tl.store(o_ptr + ((b * L + t) * H + h) * V + rv, tl.zeros([BV], o_ptr.dtype.element_ty))
     else:
         for t in range(L):
+            row = (b * L + t) * H + h
             if t < n:
-                row = (b * L + t) * H + h
                 q, k, v, g, beta = _step_inputs(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, row, rk, rv, K, V, HAS_OUT)
                 S = _delta_update(S, k, v, g, beta)
                 if HAS_OUT:
@@ -252,12 +255,14 @@ def _kda_recur_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slot
                 if HAS_SNAP:
                     if t + 1 == snap_n:
                         tl.store(ssm_ptr + dst * stride_ssm + tile, S)
+            elif HAS_OUT:
+                tl.store(o_ptr + row * V + rv, tl.zeros([BV], o_ptr.dtype.element_ty))
     if WRITE_STATE:
         tl.store(ssm_ptr + slot * stride_ssm + tile, S)
 
 
 @triton.jit
-def _kda_tail_kernel(x_ptr, conv_ptr, slots_ptr, n_ptr, snap_n_ptr, snap_slot_ptr, H, stride_conv,
+def _kda_tail_kernel(x_ptr, conv_ptr, slots_ptr, n_ptr, snap_n_ptr, snap_slot_ptr, H, stride_xb, stride_xt, stride_conv,
                      L: tl.constexpr, K: tl.constexpr, V: tl.constexpr, W: tl.constexpr, BW: tl.constexpr,
                      BC: tl.constexpr, HAS_SNAP: tl.constexpr, PDL: tl.constexpr):
     """The fold's conv tails: block b's tail becomes window rows n .. n + W - 2 of [tail, x_b] (rows 1 .. W - 1 of
@@ -271,14 +276,15 @@ def _kda_tail_kernel(x_ptr, conv_ptr, slots_ptr, n_ptr, snap_n_ptr, snap_slot_pt
     C = H * (2 * K + V)
     ch = cb * BC + tl.arange(0, BC)
     tail = conv_ptr + slot * stride_conv
-    xb = x_ptr + b * L * C
+    xb = x_ptr + b * stride_xb
     if n > 0:
-        win = _conv_window(xb, C, _tail_part(tail, n - 1, ch, C, W, BW), n - 1, ch, C, W, BW)
+        win = _conv_window(xb, stride_xt, _tail_part(tail, n - 1, ch, C, W, BW), n - 1, ch, C, W, BW)
         if HAS_SNAP:
             snap_n = tl.load(snap_n_ptr + b)
             if snap_n > 0:
                 dst = tl.load(snap_slot_ptr + b).to(tl.int64)
-                swin = _conv_window(xb, C, _tail_part(tail, snap_n - 1, ch, C, W, BW), snap_n - 1, ch, C, W, BW)
+                swin = _conv_window(xb, stride_xt, _tail_part(tail, snap_n - 1, ch, C, W, BW), snap_n - 1, ch, C, W,
+                                    BW)
                 _store_tail(conv_ptr + dst * stride_conv, swin, ch, C, W, BW)
         tl.debug_barrier()
         _store_tail(tail, win, ch, C, W, BW)
@@ -303,7 +309,7 @@ def _launch_prep(x, conv_weight, conv_state, slots, raw_gate, A_log, dt_bias, lo
                  write_tail: bool, beta_logits: torch.Tensor | None = None):
     """(q, k, v, g, beta): beta [B, L, H] fp32 from beta_logits ([B * L, H], rows may be strided), else None."""
     B, L, C = x.shape
-    assert x.stride(2) == 1 and (L == 1 or x.stride(1) == C), "a block's steps must be contiguous rows"
+    assert x.stride(2) == 1, "a step's channels must be contiguous"
     q = torch.empty(B, L, H, K, dtype=torch.float32, device=x.device)
     k = torch.empty(B, L, H, K, dtype=x.dtype, device=x.device)
     v = torch.empty(B, L, H, V, dtype=x.dtype, device=x.device)
@@ -317,7 +323,7 @@ def _launch_prep(x, conv_weight, conv_state, slots, raw_gate, A_log, dt_bias, lo
     if B and L:
         _kda_prep_kernel[(B * L, H)](
             x, conv_weight.contiguous(), conv_state, slots, raw_gate.contiguous(), A_log, dt_bias, q, k, v, g,
-            beta_logits if beta is not None else g, beta if beta is not None else g, H, x.stride(0),
+            beta_logits if beta is not None else g, beta if beta is not None else g, H, x.stride(0), x.stride(1),
             conv_state.stride(0), beta_logits.stride(0) if beta is not None else 0,
             0.0 if lower_bound is None else float(lower_bound), float(scale), L=L, K=K, V=V, W=W,
             BW=triton.next_power_of_2(W), SAFE_GATE=lower_bound is not None, WRITE_TAIL=write_tail,
@@ -379,11 +385,12 @@ def kda_verify(x, raw_gate, beta, lens, conv_weight, conv_state, ssm, slots, A_l
                             scale, snapshot_states, beta_logits)
     B, L, C = x.shape
     H, K, V = _checked(x, conv_state, ssm)
-    x = x.contiguous()
+    if x.stride(2) != 1:
+        x = x.contiguous()  # (a block's rows may be strided: the rows of the fused projection's wider output)
     q, k, v, g, b = _launch_prep(x, conv_weight, conv_state, slots, raw_gate, A_log, dt_bias, lower_bound, scale,
                                  H, K, V, write_tail=False, beta_logits=_logits(beta, beta_logits))
     beta = b if b is not None else beta.contiguous()
-    o = torch.zeros(B, L, H, V, dtype=x.dtype, device=x.device)
+    o = torch.empty(B, L, H, V, dtype=x.dtype, device=x.device)  # the recurrence writes zeros past each block
     _launch_recur(q, k, v, g, beta, o, ssm, slots, _device_ints(lens, x.device), None, write_state=False)
     return o, R.KDAReplay(x, k, v, g, beta)
 
@@ -412,6 +419,8 @@ def kda_fold(rec, conv_state, ssm, slots, commit, snapshots=None) -> None:
     _launch_recur(None, rec.k, rec.v, rec.g, rec.beta, None, ssm, slots, n, snaps, write_state=True)
     BC = 256
     s_n, s_slot = snaps if snaps is not None else (n, n)
-    _kda_tail_kernel[(B, triton.cdiv(C, BC))](rec.x, conv_state, slots, n, s_n, s_slot, H, conv_state.stride(0),
+    assert rec.x.stride(2) == 1
+    _kda_tail_kernel[(B, triton.cdiv(C, BC))](rec.x, conv_state, slots, n, s_n, s_slot, H, rec.x.stride(0),
+                                             rec.x.stride(1), conv_state.stride(0),
                                              L=L, K=K, V=V, W=W, BW=triton.next_power_of_2(W), BC=BC,
                                              HAS_SNAP=snaps is not None, num_warps=4, **pdl_args(rec.x))
