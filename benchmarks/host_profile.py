@@ -54,6 +54,8 @@ def main() -> None:
     ap.add_argument("--disable-pdl", action="store_true",
                     help="plain launches: the kernel table's times are then each kernel's own (under PDL a kernel's "
                          "time includes its wait for the one before)")
+    ap.add_argument("--context-lookup", default="auto", choices=["auto", "on", "off"],
+                    help="the DSpark modes' --speculative-context-lookup")
     args = ap.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(1)
@@ -63,7 +65,8 @@ def main() -> None:
         unfused = mode.startswith("dspark-unfused")
         linear_ops.SMALL_GEMV_MAX_M = linear_ops.GEMV_MAX_M if unfused else small_rows
         dspark_ops.KERNEL_MAX_ROWS = 0 if unfused else kernel_rows
-        kw = {"speculative_algorithm": "dspark"} if mode.startswith("dspark") else {}
+        kw = ({"speculative_algorithm": "dspark", "speculative_context_lookup": args.context_lookup}
+              if mode.startswith("dspark") else {})
         core = EngineCore(ServerArgs(dtype=args.dtype, device=args.device,
                                      disable_overlap_schedule=not mode.endswith("+overlap"),
                                      max_running_requests=1, disable_pdl=args.disable_pdl, **kw))
