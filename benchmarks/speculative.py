@@ -173,7 +173,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--disable-pdl", action="store_true", help="the engine's --disable-pdl (GPU)")
     ap.add_argument("--context-lookup", default="auto", choices=("auto", "on", "off"),
-                    help="the engine's --speculative-context-lookup (auto: on for a CPU, off for a GPU)")
+                    help="the engine's --speculative-context-lookup (auto: the engine's choice, on)")
     ap.add_argument("--out", default=None, help="JSON results (none written without it); the plot lands beside it")
     args = ap.parse_args()
     if args.device == "cpu":

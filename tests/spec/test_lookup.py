@@ -82,10 +82,9 @@ def test_worker_takes_lookups_only_where_the_drafter_doubts():
 
 
 def test_context_lookup_flag():
-    """auto is on for a CPU and off for a GPU (where the fast greedy drafting has no confidence to gate on); a bad
-    value names the flag."""
-    assert ServerArgs(device="cpu").context_lookup and not ServerArgs(device="cuda").context_lookup
-    assert ServerArgs(device="cuda", speculative_context_lookup="on").context_lookup
+    """auto is on (on a CPU and on a GPU alike); off turns it off; a bad value names the flag."""
+    assert ServerArgs(device="cpu").context_lookup and ServerArgs(device="cuda").context_lookup
+    assert not ServerArgs(device="cuda", speculative_context_lookup="off").context_lookup
     assert not ServerArgs(device="cpu", speculative_context_lookup="off").context_lookup
     with pytest.raises(ValueError, match="speculative-context-lookup"):
         ServerArgs(speculative_context_lookup="maybe")
