@@ -267,6 +267,13 @@ class DSparkDrafter(nn.Module):
                              f"{self.cfg.feature_layers}")
         return torch.cat([captured[l] for l in self.cfg.feature_layers], dim=-1)
 
+    def features_at(self, captured: dict[int, torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+        """gather_features of the captured layers' `rows` (one launch on a GPU: `ops.dspark.gather_rows`)."""
+        missing = [l for l in self.cfg.feature_layers if l not in captured]
+        if missing:
+            return self.gather_features(captured)  # (raises, naming them)
+        return dspark_ops.gather_rows([captured[l] for l in self.cfg.feature_layers], rows)
+
     def block(self, features: torch.Tensor, last_token: torch.Tensor, gamma: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The parallel part: (context state [N, D], slot outputs [N, gamma, D])."""
         cfg, dtype = self.cfg, self.fc.weight.dtype

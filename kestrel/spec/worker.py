@@ -107,7 +107,7 @@ class SpecWorker:
         """The drafter's features of `b.feature_rows`' requests at the last token each fed (token rows `rows`)."""
         if not b.feature_rows:
             return
-        feats = self.drafter.gather_features({l: captured[l][rows] for l in self.layers})
+        feats = self.drafter.features_at(captured, rows)
         for k, row in enumerate(b.feature_rows):
             r = b.reqs[row]
             self.features[r.rid] = feats[k]
@@ -177,9 +177,8 @@ class SpecWorker:
         t_verify = time.perf_counter()
         with record_function("spec.verify"):
             # every block padded to the longest: past its own length a block's tokens are no-ops (see ForwardMode)
-            ids = torch.cat([x0.view(B, 1), tokens], dim=1)[:, :L].reshape(-1)
             n = r.to_device(lens) if prune else ints[1] + 1
-            fb = self._device_batch(ids, prefix, n, table, ints[3], L)
+            fb = self._device_batch(None, prefix, n, table, ints[3], L, x0, tokens)
             out, graphed = self._target(fb)
             self.window_bytes = sum(rec.nbytes() for rec in fb.replay.values())
             top = ops.argmax(out.logits).tolist() if any(st.params.greedy for st in b.sampling_states) else None
@@ -204,7 +203,7 @@ class SpecWorker:
             else:
                 self._fold(fb, fb.state_slots, commit_t, snaps)
             rows = torch.tensor([i * L + commit[i] - 1 for i in range(B)], device=dev)
-            feats = self.drafter.gather_features({l: out.captured[l][rows] for l in self.layers})
+            feats = self.drafter.features_at(out.captured, rows)
             self._publish(ints, r.to_device([a.tokens[-1] for a in results]), commit_t)
         if windows is not None:  # the accepted drafts (the last token, the next step's x0, is appended then)
             windows = context_lookup.append(windows, tokens, commit_t - 1)
@@ -273,15 +272,18 @@ class SpecWorker:
         table = int_tensor(padded_rows(b.page_table, width, mem.scratch_page, B + pad), torch.int32)
         return ints, table.view(B + pad, width)
 
-    def _device_batch(self, ids: torch.Tensor, prefix: torch.Tensor, n: torch.Tensor, table: torch.Tensor,
-                      slots: torch.Tensor, L: int) -> ForwardBatch:
+    def _device_batch(self, ids: torch.Tensor | None, prefix: torch.Tensor, n: torch.Tensor, table: torch.Tensor,
+                      slots: torch.Tensor, L: int, x0: torch.Tensor | None = None,
+                      drafts: torch.Tensor | None = None) -> ForwardBatch:
         """The VERIFY batch of blocks padded to L, from device tensors alone (a CUDA graph can build it): block i
         feeds n[i] real tokens from position prefix[i]; past them (and in blocks with n = 0) tokens write their
-        latents to the scratch page and attend to their block's real keys only (at least one key)."""
+        latents to the scratch page and attend to their block's real keys only (at least one key). ids None: the
+        blocks [x0, drafts[:, :L - 1]], built in the same launch."""
         mem = self.runner.mem
         B = n.shape[0]
-        pos, locs, keys, n32 = dspark_ops.block_positions(prefix, n, table, mem.page_size, mem.scratch_page, L)
-        return ForwardBatch(ForwardMode.VERIFY, ids, pos, [L] * B, [0] * B, mem=mem, page_table=table,
+        pos, locs, keys, n32, made = dspark_ops.block_positions(prefix, n, table, mem.page_size, mem.scratch_page, L,
+                                                                x0 if ids is None else None, drafts)
+        return ForwardBatch(ForwardMode.VERIFY, made if ids is None else ids, pos, [L] * B, [0] * B, mem=mem, page_table=table,
                             out_cache_loc=locs, state_slots=slots, capture_layers=self.layers,
                             spec_rollback=self.rollback, verify_lens_t=n32, key_lens_t=keys)
 
@@ -346,20 +348,21 @@ class SpecWorker:
         if windows is not None:
             windows, tokens = self._lookup_drafts(windows, x0, draft, keep >= 0)
         n = keep + 1
-        ids = torch.cat([x0.view(B, 1), tokens[:, : L - 1]], 1).view(-1)
-        fb = self._device_batch(ids, prefix, n, table, slots, L)
+        fb = self._device_batch(None, prefix, n, table, slots, L, x0, tokens)
         if LAZY_CPU_HEAD and r.device.type == "cpu":
             # on a CPU the LM head runs afterwards on the rows acceptance reads (accept_lazy), not on every block row
-            fb.logits_indices = ids.new_empty(0)
+            fb.logits_indices = fb.input_ids.new_empty(0)
             out = r.model(fb)
             packed, commit, snap_steps, rows = dspark_ops.accept_lazy(out.hidden, r.model.lm_head, tokens, keep, n,
                                                                       snap_n, L)
+            self._publish(ints, packed[:, G], commit)
         else:
             out = r.model(fb)
-            packed, commit, snap_steps, rows = dspark_ops.accept_greedy(out.logits, tokens, keep, n, snap_n)
-        self._publish(ints, packed[:, G], commit)
+            # the acceptance also publishes the next token and commit for a chained step (no separate writes)
+            packed, commit, snap_steps, rows = dspark_ops.accept_greedy(out.logits, tokens, keep, n, snap_n,
+                                                                        (r.future, r.future_commit, ints[6]))
         self._fold(fb, slots, commit, (snap_steps, snap_slot))
-        nxt = self.drafter.gather_features({l: out.captured[l][rows] for l in self.layers})
+        nxt = self.drafter.features_at(out.captured, rows)
         self.window_bytes = sum(rec.nbytes() for rec in fb.replay.values())  # from shapes: no synchronisation
         self._window_row = self.window_bytes // max(B, 1)
         if windows is not None:  # the accepted drafts (the last token, the next step's x0, is appended then)

@@ -375,6 +375,15 @@ def test_dspark_accept_greedy(dtype, chunk, monkeypatch):
         got, ref = K.accept_greedy(logits, drafts, keep, n, snap_n), R.accept_greedy(logits, drafts, keep, n, snap_n)
         for a, b in zip(got, ref):
             assert a.dtype == b.dtype and torch.equal(a, b), (L, a, b)
+        # publishing the next token and the commit for a chained step (distinct slots; the rest untouched)
+        at = torch.randperm(20, device=DEV)[:B]
+        pub = [(torch.full((21,), -5, dtype=torch.long, device=DEV), torch.full((21,), -5, dtype=torch.long,
+                device=DEV), at) for _ in range(2)]
+        got = K.accept_greedy(logits, drafts, keep, n, snap_n, pub[0])
+        ref = R.accept_greedy(logits, drafts, keep, n, snap_n, pub[1])
+        assert all(torch.equal(a, b) for a, b in zip(got, ref))
+        assert torch.equal(pub[0][0], pub[1][0]) and torch.equal(pub[0][1], pub[1][1])
+        assert torch.equal(pub[0][0][at], ref[0][:, G]) and torch.equal(pub[0][1][at], ref[1].long())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -462,6 +471,7 @@ def test_dspark_step_inputs(page_size):
     x0, ref, prefix = x0.to(DEV), ref.to(DEV), prefix.to(DEV)
     got, want = K.resolve(x0, prefix, ref, future, commit), R.resolve(x0, prefix, ref, future, commit)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+    want_x0 = want[0]
     assert bool((want[0] != x0).any()) and bool((want[1] != prefix).any())
     n = torch.randint(0, L + 1, (B,), generator=g).to(DEV)
     n[0], n[1] = 0, L
@@ -470,8 +480,21 @@ def test_dspark_step_inputs(page_size):
     prefix[2] = page_size * width + 3  # past the table: its real steps read the last page (clamped)
     got = K.block_positions(prefix, n, table, page_size, 0, L)
     want = R.block_positions(prefix, n, table, page_size, 0, L)
+    assert got[4] is None and want[4] is None
+    for a, b in zip(got[:4], want[:4]):
+        assert a.dtype == b.dtype and torch.equal(a, b), (a, b)
+    # the blocks' token ids in the same launch: [x0, drafts[:, :L - 1]] (drafts wider than the block)
+    drafts = torch.randint(0, 1000, (B, L + 2), generator=g).to(DEV)
+    got = K.block_positions(prefix, n, table, page_size, 0, L, want_x0, drafts)
+    want = R.block_positions(prefix, n, table, page_size, 0, L, want_x0, drafts)
     for a, b in zip(got, want):
         assert a.dtype == b.dtype and torch.equal(a, b), (a, b)
+    assert torch.equal(got[4].view(B, L)[:, 0], want_x0)
+    # the next features: rows of four captured layers side by side (one of them a strided view)
+    parts = [rnd(40, 24), rnd(40, 24), rnd(40, 48)[:, 8:32], rnd(40, 24)]
+    rows = torch.randint(0, 40, (B,), generator=g).to(DEV)
+    assert torch.equal(K.gather_rows(parts, rows), R.gather_rows(parts, rows))
+    assert torch.equal(K.gather_rows(parts[:3], rows), R.gather_rows(parts[:3], rows))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -119,11 +119,13 @@ def resolve(x0: torch.Tensor, prefix: torch.Tensor, ref: torch.Tensor, future: t
 
 
 def block_positions(prefix: torch.Tensor, n: torch.Tensor, table: torch.Tensor, page_size: int, scratch_page: int,
-                    L: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                    L: int, x0: torch.Tensor | None = None, drafts: torch.Tensor | None = None):
     """Where a VERIFY batch of B blocks padded to L tokens reads and writes: block i feeds n[i] real tokens from
     position prefix[i]; past them (and in blocks with n = 0) tokens write their latents to the scratch page and
     attend to their block's real keys only (at least one key). Returns (positions [B * L] int64, cache locations
-    [B * L] int64, keys per token [B * L] int32, n [B] int32); table [B, width] the page table."""
+    [B * L] int64, keys per token [B * L] int32, n [B] int32, token ids [B * L] or None); table [B, width] the page
+    table. Given each block's last committed token x0 [B] and drafts [B, >= L - 1], the ids are the blocks
+    [x0, drafts[:, :L - 1]]."""
     B, width = n.shape[0], table.shape[1]
     step = torch.arange(L, device=n.device).view(1, L)
     pos = prefix.view(B, 1) + step
@@ -131,11 +133,18 @@ def block_positions(prefix: torch.Tensor, n: torch.Tensor, table: torch.Tensor, 
     page = table.gather(1, torch.where(real, pos // page_size, 0).clamp_max(width - 1)).long()
     locs = torch.where(real, page * page_size + pos % page_size, scratch_page * page_size)
     keys = (torch.minimum(pos, (prefix + n - 1).view(B, 1)) + 1).clamp_min(1)
-    return pos.view(-1), locs.view(-1), keys.view(-1).to(torch.int32), n.to(torch.int32)
+    ids = None if x0 is None else torch.cat([x0.view(B, 1), drafts[:, : L - 1]], 1).view(-1)
+    return pos.view(-1), locs.view(-1), keys.view(-1).to(torch.int32), n.to(torch.int32), ids
+
+
+def gather_rows(parts: list[torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+    """[p[rows] for p in parts] side by side: parts [T, D_i] -> [len(rows), sum D_i] (the drafter's next features
+    from the verify pass's captured layers, at each block's last committed position)."""
+    return torch.cat([p[rows] for p in parts], -1)
 
 
 def accept_greedy(logits: torch.Tensor, drafts: torch.Tensor, keep: torch.Tensor, n: torch.Tensor,
-                  snap_n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                  snap_n: torch.Tensor, publish=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Greedy acceptance of B verified blocks of L tokens on the device: logits [B * L, V] of the blocks
     [last token, drafts[:, :L-1]], drafts [B, G] (G >= L - 1), keep [B] drafts each block may accept, n [B] real
     tokens (0: a padding row, which commits nothing), snap_n [B] the committed count at which a prefix-cache snapshot
@@ -143,7 +152,9 @@ def accept_greedy(logits: torch.Tensor, drafts: torch.Tensor, keep: torch.Tensor
 
     Returns (packed [B, G + 2] int64: the drafts, the target's token after the accepted ones, the number accepted;
     commit [B] int32 steps to fold (accepted + 1, 0 for padding); snapshots [B] int32 (snap_n where the commit
-    reaches it, else 0); rows [B] int64, the logits row of each block's last committed position)."""
+    reaches it, else 0); rows [B] int64, the logits row of each block's last committed position). publish: None, or
+    (future, future_commit, at) to also write each block's next token to future[at[b]] and its commit (int64) to
+    future_commit[at[b]], where a step chained onto this one reads them."""
     B, G = drafts.shape
     L = logits.shape[0] // B
     top = ops.argmax(logits).view(B, L)
@@ -154,7 +165,12 @@ def accept_greedy(logits: torch.Tensor, drafts: torch.Tensor, keep: torch.Tensor
     taken = (snap_n > 0) & (snap_n <= commit)
     snaps = torch.where(taken, snap_n, 0).to(torch.int32)
     rows = torch.arange(B, device=keep.device) * L + (commit.long() - 1).clamp_min(0)
-    return torch.cat([drafts, top.gather(1, acc.view(B, 1)), acc.view(B, 1)], 1), commit, snaps, rows
+    packed = torch.cat([drafts, top.gather(1, acc.view(B, 1)), acc.view(B, 1)], 1)
+    if publish is not None:
+        future, future_commit, at = publish
+        future[at] = packed[:, G]
+        future_commit[at] = commit.long()
+    return packed, commit, snaps, rows
 
 
 def accept_lazy(hidden: torch.Tensor, head, drafts: torch.Tensor, keep: torch.Tensor, n: torch.Tensor,

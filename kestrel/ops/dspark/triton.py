@@ -224,8 +224,9 @@ def resolve(x0: torch.Tensor, prefix: torch.Tensor, ref: torch.Tensor, future: t
 
 
 @triton.jit
-def _block_positions_kernel(prefix_ptr, n_ptr, table_ptr, pos_ptr, locs_ptr, keys_ptr, n32_ptr, stride_t, width, ps,
-                            scratch, L: tl.constexpr, LP: tl.constexpr, PDL: tl.constexpr):
+def _block_positions_kernel(prefix_ptr, n_ptr, table_ptr, pos_ptr, locs_ptr, keys_ptr, n32_ptr, x0_ptr, drafts_ptr,
+                            ids_ptr, stride_t, stride_d, width, ps, scratch, L: tl.constexpr, LP: tl.constexpr,
+                            IDS: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     b = tl.program_id(0).to(tl.int64)
     step = tl.arange(0, LP)
@@ -242,26 +243,71 @@ def _block_positions_kernel(prefix_ptr, n_ptr, table_ptr, pos_ptr, locs_ptr, key
     tl.store(locs_ptr + b * L + step, locs, mask=on)
     tl.store(keys_ptr + b * L + step, keys.to(tl.int32), mask=on)
     tl.store(n32_ptr + b, n.to(tl.int32))
+    if IDS:  # the block's tokens: its last committed token, then its drafts
+        d = tl.load(drafts_ptr + b * stride_d + step - 1, mask=on & (step > 0), other=0)
+        tl.store(ids_ptr + b * L + step, tl.where(step == 0, tl.load(x0_ptr + b), d), mask=on)
 
 
 def block_positions(prefix: torch.Tensor, n: torch.Tensor, table: torch.Tensor, page_size: int, scratch_page: int,
-                    L: int):
+                    L: int, x0: torch.Tensor | None = None, drafts: torch.Tensor | None = None):
     """See reference.block_positions: one program per block (int64 prefix and n; a page table of unit column
     stride)."""
-    if prefix.dtype != torch.int64 or n.dtype != torch.int64 or table.stride(-1) != 1:
+    ids = x0 is not None
+    if (prefix.dtype != torch.int64 or n.dtype != torch.int64 or table.stride(-1) != 1
+            or (ids and (x0.dtype != torch.int64 or drafts.dtype != torch.int64 or drafts.stride(-1) != 1))):
         from kestrel.ops.dspark.reference import block_positions as ref
-        return ref(prefix, n, table, page_size, scratch_page, L)
+        return ref(prefix, n, table, page_size, scratch_page, L, x0, drafts)
     B = n.shape[0]
     dev = n.device
     pos = torch.empty(B * L, dtype=torch.int64, device=dev)
     locs = torch.empty(B * L, dtype=torch.int64, device=dev)
     keys = torch.empty(B * L, dtype=torch.int32, device=dev)
     n32 = torch.empty(B, dtype=torch.int32, device=dev)
+    out_ids = torch.empty(B * L, dtype=torch.int64, device=dev) if ids else None
     if B:
-        _block_positions_kernel[(B,)](prefix.contiguous(), n.contiguous(), table, pos, locs, keys, n32, table.stride(0),
-                                      table.shape[1], page_size, scratch_page, L=L, LP=triton.next_power_of_2(L),
-                                      num_warps=1, **pdl_args(n))
-    return pos, locs, keys, n32
+        _block_positions_kernel[(B,)](prefix.contiguous(), n.contiguous(), table, pos, locs, keys, n32,
+                                      x0.contiguous() if ids else n, drafts if ids else n, out_ids if ids else n,
+                                      table.stride(0), drafts.stride(0) if ids else 0, table.shape[1], page_size,
+                                      scratch_page, L=L, LP=triton.next_power_of_2(L), IDS=ids, num_warps=1,
+                                      **pdl_args(n))
+    return pos, locs, keys, n32, out_ids
+
+
+@triton.jit
+def _gather_rows_kernel(p0, p1, p2, p3, s0, s1, s2, s3, rows_ptr, out_ptr, D: tl.constexpr, DP: tl.constexpr,
+                        NP: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
+    b = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1)
+    r = tl.load(rows_ptr + b).to(tl.int64)
+    c = tl.arange(0, DP)
+    on = c < D
+    if j == 0:
+        x = tl.load(p0 + r * s0 + c, mask=on)
+    elif j == 1:
+        x = tl.load(p1 + r * s1 + c, mask=on)
+    elif j == 2:
+        x = tl.load(p2 + r * s2 + c, mask=on)
+    else:
+        x = tl.load(p3 + r * s3 + c, mask=on)
+    tl.store(out_ptr + b * (NP * D) + j * D + c, x, mask=on)
+
+
+def gather_rows(parts: list[torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+    """See reference.gather_rows: one program per (row, part), for up to four parts of one width and dtype with
+    unit column stride (else the reference)."""
+    D = parts[0].shape[-1] if parts else 0
+    if (not 0 < len(parts) <= 4 or any(p.dim() != 2 or p.shape[-1] != D or p.dtype != parts[0].dtype
+                                       or p.stride(-1) != 1 for p in parts)):
+        from kestrel.ops.dspark.reference import gather_rows as ref
+        return ref(parts, rows)
+    B, NP = rows.shape[0], len(parts)
+    out = torch.empty(B, NP * D, dtype=parts[0].dtype, device=rows.device)
+    ptrs = list(parts) + [parts[0]] * (4 - NP)
+    if B:
+        _gather_rows_kernel[(B, NP)](*ptrs, *(p.stride(0) for p in ptrs), rows.contiguous(), out, D=D,
+                                     DP=triton.next_power_of_2(D), NP=NP, num_warps=1, **pdl_args(rows))
+    return out
 
 
 # vocabulary entries an acceptance program compares at a time
@@ -270,7 +316,8 @@ ACCEPT_BV = 4096
 
 @triton.jit
 def _accept_kernel(logits_ptr, drafts_ptr, keep_ptr, n_ptr, snap_ptr, packed_ptr, commit_ptr, snaps_ptr, rows_ptr,
-                   V, G, L: tl.constexpr, LP: tl.constexpr, GP: tl.constexpr, BV: tl.constexpr, PDL: tl.constexpr):
+                   fut_ptr, fcommit_ptr, at_ptr, V, G, L: tl.constexpr, LP: tl.constexpr, GP: tl.constexpr,
+                   BV: tl.constexpr, PUBLISH: tl.constexpr, PDL: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     if PDL:
         gdc_launch_dependents()
@@ -310,10 +357,14 @@ def _accept_kernel(logits_ptr, drafts_ptr, keep_ptr, n_ptr, snap_ptr, packed_ptr
     tl.store(commit_ptr + b, commit.to(tl.int32))
     tl.store(snaps_ptr + b, snap.to(tl.int32))
     tl.store(rows_ptr + b, b * L + tl.maximum(commit - 1, 0))
+    if PUBLISH:  # the next token and the commit, where a step chained onto this one reads them
+        at = tl.load(at_ptr + b)
+        tl.store(fut_ptr + at, final)
+        tl.store(fcommit_ptr + at, commit.to(tl.int64))
 
 
 def accept_greedy(logits: torch.Tensor, drafts: torch.Tensor, keep: torch.Tensor, n: torch.Tensor,
-                  snap_n: torch.Tensor):
+                  snap_n: torch.Tensor, publish=None):
     """See reference.accept_greedy: one program per block."""
     B, G = drafts.shape
     V = logits.shape[-1]
@@ -323,10 +374,14 @@ def accept_greedy(logits: torch.Tensor, drafts: torch.Tensor, keep: torch.Tensor
     commit = torch.empty(B, dtype=torch.int32, device=dev)
     snaps = torch.empty(B, dtype=torch.int32, device=dev)
     rows = torch.empty(B, dtype=torch.int64, device=dev)
+    if publish is not None and any(t.dtype != torch.int64 for t in publish):
+        from kestrel.ops.dspark.reference import accept_greedy as ref
+        return ref(logits, drafts, keep, n, snap_n, publish)
+    fut, fcommit, at = publish if publish is not None else (rows, rows, rows)
     use_pdl = pdl(logits)
     if B:
         launch(_accept_kernel, (B,), logits.contiguous(), drafts.contiguous(), keep.contiguous(), n.contiguous(),
-               snap_n.contiguous(), packed, commit, snaps, rows, V, G, L=L, LP=triton.next_power_of_2(L),
-               GP=triton.next_power_of_2(G), BV=min(ACCEPT_BV, triton.next_power_of_2(V)), PDL=use_pdl,
-               launch_pdl=use_pdl, num_warps=8, num_stages=1)
+               snap_n.contiguous(), packed, commit, snaps, rows, fut, fcommit, at.contiguous(), V, G, L=L,
+               LP=triton.next_power_of_2(L), GP=triton.next_power_of_2(G), BV=min(ACCEPT_BV, triton.next_power_of_2(V)),
+               PUBLISH=publish is not None, PDL=use_pdl, launch_pdl=use_pdl, num_warps=8, num_stages=1)
     return packed, commit, snaps, rows
