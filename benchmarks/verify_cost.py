@@ -78,7 +78,8 @@ def main() -> None:
             vfb = verify_batch(setup, L)
             runner = VerifyGraphRunner(model, setup.mem, (1,), L, setup.page_table.shape[1], ())
             runner.run(vfb)
-            t, d = cuda_time(lambda: runner.run(vfb), warmup=3, iters=50), back_to_back(runner.graphs[(1, L)].replay, 50)
+            graph = runner.graphs[(1, L)]
+            t, d = cuda_time(lambda: runner.run(vfb), warmup=3, iters=50), back_to_back(graph.replay, 50)
             rows.append((f"verify {L}{suffix}", L, t, d))
             log(f"verify{suffix}, graph, batch 1, block {L}: {t * 1e3:.4f} ms a call ({t / t_dec:.2f} decode calls), "
                 f"{d * 1e3:.4f} ms back to back ({d / d_dec:.2f} decode steps)")

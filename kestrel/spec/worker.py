@@ -283,8 +283,8 @@ class SpecWorker:
         B = n.shape[0]
         pos, locs, keys, n32, made = dspark_ops.block_positions(prefix, n, table, mem.page_size, mem.scratch_page, L,
                                                                 x0 if ids is None else None, drafts)
-        return ForwardBatch(ForwardMode.VERIFY, made if ids is None else ids, pos, [L] * B, [0] * B, mem=mem, page_table=table,
-                            out_cache_loc=locs, state_slots=slots, capture_layers=self.layers,
+        return ForwardBatch(ForwardMode.VERIFY, made if ids is None else ids, pos, [L] * B, [0] * B, mem=mem,
+                            page_table=table, out_cache_loc=locs, state_slots=slots, capture_layers=self.layers,
                             spec_rollback=self.rollback, verify_lens_t=n32, key_lens_t=keys)
 
     def _forward_batch(self, b: Batch, ids: torch.Tensor, lens: list[int], L: int | None = None) -> ForwardBatch:

@@ -197,10 +197,11 @@ def _kda_recur_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slot
                       ALL_STEPS: tl.constexpr, HAS_OUT: tl.constexpr, WRITE_STATE: tl.constexpr,
                       HAS_SNAP: tl.constexpr, EARLY: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
     """The recurrence of block b, head h, columns [vb * BV, (vb + 1) * BV) over its first n[b] stored steps (all L
-    with ALL_STEPS), from its state slot. HAS_OUT writes o per step (zeros for the steps past n[b]); WRITE_STATE writes the state back; HAS_SNAP
-    also stores the state after snap_n[b] steps into slot snap_slot[b]. EARLY (see EARLY_STATE): the state is read
-    before the wait. PREFETCH (see RECUR_PREFETCH): the steps unrolled, each step's inputs loaded before the step
-    before it runs (steps past n[b] are loaded too: a block's record holds real inputs there)."""
+    with ALL_STEPS), from its state slot. HAS_OUT writes o per step (zeros for the steps past n[b]); WRITE_STATE
+    writes the state back; HAS_SNAP also stores the state after snap_n[b] steps into slot snap_slot[b]. EARLY (see
+    EARLY_STATE): the state is read before the wait. PREFETCH (see RECUR_PREFETCH): the steps unrolled, each step's
+    inputs loaded before the step before it runs (steps past n[b] are loaded too: a block's record holds real
+    inputs there)."""
     if PDL:
         gdc_launch_dependents()
         if not EARLY:
