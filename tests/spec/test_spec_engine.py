@@ -197,12 +197,14 @@ def test_host_acceptance_requests_batch_with_device_ones(tiny64, drafter_dir):
     assert outs[1][2][1] and len(outs[1][2][1]) == len(outs[1][2][0])
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
-def test_chained_verify_steps_equal_plain_decoding(tiny64, drafter_dir, page_size):
+@pytest.mark.parametrize("page_size,lazy_head", [(1, True), (16, True), (16, False)])
+def test_chained_verify_steps_equal_plain_decoding(tiny64, drafter_dir, page_size, lazy_head, monkeypatch):
     """Verify steps chained onto the one in flight (overlap on: the next step's last token and prefix length come
     from the device), over drafts whose accepted length varies: every request gets the reference's tokens, also
     one that stops at a token while its chained step is in flight; chained rows run; retraction and prefix-cache
-    hits happen; ownership holds after every step and everything is given back at the end."""
+    hits happen; ownership holds after every step and everything is given back at the end. lazy_head False: the
+    GPU's greedy step (the LM head on every verified row, the acceptance publishing the chained step's inputs)."""
+    monkeypatch.setattr(worker_mod, "LAZY_CPU_HEAD", lazy_head)
     prompts = [BASE[:n] + p for n, p in zip([0, 40, 70, 100] * 3, random_prompts(12, seed=21, lo=3, hi=30))]
     new = 30
     # stop tokens from the reference continuation: those requests end mid-stream, not at a budget
