@@ -48,6 +48,14 @@ LAZY_CPU_HEAD = True
 # with context lookup on, a block whose first draft the drafter's confidence head puts below this is drafted from
 # the context instead, where the context has a match (`kestrel.spec.lookup`; docs/benchmarks.md, issue 8)
 LOOKUP_BELOW_CONFIDENCE = 0.7
+# the verify planner prices a block drafted from the context by the acceptance such blocks have had (per position,
+# the chance the target accepts it given it accepted the ones before), not by the drafter's confidences, which are
+# low by construction there: an EMA over pruned steps' lookup blocks, from an optimistic prior (a context match is
+# usually a repetition that continues)
+LOOKUP_ACCEPT_PRIOR = 0.8
+LOOKUP_ACCEPT_EMA = 0.05
+# off: lookup blocks priced by the drafter's confidences (the behaviour before the estimate)
+PRICE_LOOKUP_BLOCKS = True
 # a gap between two speculative steps longer than this is the engine idling (no work), not per-step overhead
 IDLE_GAP_S = 0.25
 
@@ -71,6 +79,7 @@ class SpecWorker:
         # context lookup: rid -> its latest tokens, up to the last one fed ([WINDOW] int64, -1 before the first)
         self.lookup = lookup
         self.windows: dict[str, torch.Tensor] = {}
+        self.lookup_accept = [LOOKUP_ACCEPT_PRIOR] * gamma  # see LOOKUP_ACCEPT_PRIOR
         self.use_planner = use_planner
         self.profile: dict[int, list[tuple[int, float, float]]] = {}
         # per batch bucket: what planning adds to a step (drafting with the confidence head, the plan itself),
@@ -162,13 +171,16 @@ class SpecWorker:
                 draft = self.draft_graphs.run(feats, x0, prune or self.lookup)
             else:
                 draft = self._draft(feats, x0, prefix, prune or ("first" if self.lookup else False))
-            tokens = draft.tokens
+            tokens, looked = draft.tokens, []
             if self.lookup:
                 windows, tokens = self._lookup_drafts(torch.stack(self._windows(b)), x0, draft,
                                                       torch.ones(B, dtype=torch.bool, device=dev))
+                if prune:  # the blocks drafted from the context (host read: a plan reads the confidences anyway)
+                    looked = [i for i, d in enumerate((tokens != draft.tokens).any(1).tolist()) if d]
             # a pruning plan reads the confidences now; otherwise the drafts reach the host only with the verify
             # outputs, so the host builds and launches the verify while the drafter still runs (one sync a step)
-            keep = self._plan(draft.confidence, b.max_drafts) if prune else list(b.max_drafts)
+            keep = self._plan(self._plan_confidence(draft.confidence, looked), b.max_drafts) if prune \
+                else list(b.max_drafts)
             drafted = tokens.tolist() if prune else None
         lens = [1 + k for k in keep]
         # below the planner every block is verified whole: use the full-block graph even when requests near their
@@ -190,6 +202,7 @@ class SpecWorker:
             results = [accept(out.logits[i * L : i * L + lens[i]], drafts[i], st, top and top[i * L : i * L + lens[i]])
                        for i, st in enumerate(b.sampling_states)]
         commit = [len(a.tokens) for a in results]  # the last committed token and the accepted drafts
+        self._learn_lookup([(keep[i], commit[i] - 1) for i in looked])
         snaps = [None] * B
         taken = []
         for i, snap in enumerate(b.spec_snapshots or [None] * B):
@@ -482,6 +495,23 @@ class SpecWorker:
             cost = max(timed(True) - timed(False), 0.0)
         log.info("planning cost at batch %d: %.3f ms a step", batch, cost * 1e3)
         return cost
+
+    def _plan_confidence(self, confidence: torch.Tensor, looked: list[int]) -> torch.Tensor:
+        """The per-position acceptance the planner prices each block by: the drafter's confidences, and for the
+        blocks drafted from the context (rows `looked`) the acceptance such blocks have had (`lookup_accept`)."""
+        if not looked or not PRICE_LOOKUP_BLOCKS:
+            return confidence
+        confidence = confidence.clone()
+        confidence[looked] = torch.tensor(self.lookup_accept, dtype=confidence.dtype, device=confidence.device)
+        return confidence
+
+    def _learn_lookup(self, blocks: list[tuple[int, int]]) -> None:
+        """Update `lookup_accept` from verified lookup blocks, (drafts kept, drafts accepted) each: positions up to
+        the first rejection were each accepted or (that one) rejected; positions past it were not tried."""
+        rate = self.lookup_accept
+        for kept, accepted in blocks:
+            for j in range(min(accepted + 1, kept)):
+                rate[j] += LOOKUP_ACCEPT_EMA * (float(j < accepted) - rate[j])
 
     def _plan(self, confidence: torch.Tensor, max_drafts: list[int]) -> list[int]:
         self._profiled(len(max_drafts))

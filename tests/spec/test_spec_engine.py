@@ -486,3 +486,56 @@ def test_context_lookup_windows_follow_the_committed_tokens(tiny64, drafter_dir,
     assert core.scheduler.stats.retractions > 0 and core.scheduler.stats.cached_tokens > 0
     assert not worker.windows  # forgotten with their requests
     core.shutdown()
+
+
+def test_planner_prices_lookup_blocks_by_their_acceptance(tiny64, drafter_dir):
+    """With the planner pruning (batch >= 8) and context lookup on, a block drafted from the context is priced by
+    the acceptance lookup blocks have had (`SpecWorker.lookup_accept`), not by the drafter's confidences in drafts
+    it did not propose; the estimate learns from each pruned step's lookup blocks. Greedy output is unchanged.
+    (A random target seldom repeats itself, so here every other block takes "context" drafts made up for it.)"""
+    prompts = [BASE[:n] + p for n, p in zip([0, 40, 70] * 4, random_prompts(10, seed=13, lo=3, hi=30))]
+    core = spec_core(tiny64, drafter_dir, speculative_num_draft_tokens=4, speculative_context_lookup="on")
+    worker = core.runner.spec
+    worker.profile = {16: [(n, 1e-3 * (1 + 0.01 * n), 1e-3 * (1 + 0.05 * n)) for n in range(1, 6)]}
+    seen = {"priced": 0, "plans": 0}
+    price, merge = worker._plan_confidence, worker._lookup_drafts
+
+    def every_other(windows, x0, draft, real):
+        windows, tokens = merge(windows, x0, draft, real)
+        tokens = tokens.clone()
+        tokens[::2] = (draft.tokens[::2] + 1) % tiny64.cfg.vocab_size
+        return windows, tokens
+
+    def checked(confidence, looked):
+        out = price(confidence, looked)
+        seen["plans"] += 1
+        assert set(range(0, out.shape[0], 2)) <= set(looked)  # (and any block the real lookup took)
+        want = torch.tensor(worker.lookup_accept, dtype=out.dtype)
+        for i in range(out.shape[0]):
+            if i in looked:
+                assert torch.equal(out[i].cpu(), want)
+                seen["priced"] += 1
+            else:
+                assert torch.equal(out[i], confidence[i])
+        return out
+
+    worker._lookup_drafts, worker._plan_confidence = every_other, checked
+    reqs = [core.make_request(p, {**G, "max_new_tokens": 16}) for p in prompts]
+    done = drive(core, reqs, seed=4)
+    for r, p in zip(reqs, prompts):
+        assert done[r.rid].output_ids == greedy_reference(tiny64, p, 16)
+    assert seen["plans"] > 0 and seen["priced"] > 0
+    assert worker.lookup_accept != [worker_mod.LOOKUP_ACCEPT_PRIOR] * worker.gamma  # it learned
+    core.shutdown()
+
+
+def test_lookup_acceptance_estimate_counts_the_positions_tried():
+    """`_learn_lookup`: of a block with k drafts kept and a accepted, positions 0 .. a - 1 count as accepted,
+    position a (when a < k) as rejected, and positions past it are left alone."""
+    w = worker_mod.SpecWorker.__new__(worker_mod.SpecWorker)
+    w.lookup_accept = [0.5] * 4
+    w._learn_lookup([(4, 1)])  # accepted position 0, rejected position 1
+    a = worker_mod.LOOKUP_ACCEPT_EMA
+    assert w.lookup_accept == pytest.approx([0.5 + a * 0.5, 0.5 - a * 0.5, 0.5, 0.5])
+    w._learn_lookup([(2, 2), (0, 0)])  # both kept drafts accepted: nothing past them was tried; none kept: nothing
+    assert w.lookup_accept[2:] == [0.5, 0.5] and w.lookup_accept[1] > 0.5 - a * 0.5
