@@ -259,20 +259,21 @@ class DSparkDrafter(nn.Module):
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
     # ---- the network
-    def gather_features(self, captured: dict[int, torch.Tensor]) -> torch.Tensor:
-        """ModelOutput.captured (layer id -> [T, target_hidden]) -> features [T, F] in this drafter's order."""
+    def _feature_parts(self, captured: dict[int, torch.Tensor]) -> list[torch.Tensor]:
+        """The captured layers this drafter reads, in its order (an error naming any the forward did not capture)."""
         missing = [l for l in self.cfg.feature_layers if l not in captured]
         if missing:
             raise ValueError(f"target forward did not capture layers {missing}: set fb.capture_layers = "
                              f"{self.cfg.feature_layers}")
-        return torch.cat([captured[l] for l in self.cfg.feature_layers], dim=-1)
+        return [captured[l] for l in self.cfg.feature_layers]
+
+    def gather_features(self, captured: dict[int, torch.Tensor]) -> torch.Tensor:
+        """ModelOutput.captured (layer id -> [T, target_hidden]) -> features [T, F] in this drafter's order."""
+        return torch.cat(self._feature_parts(captured), dim=-1)
 
     def features_at(self, captured: dict[int, torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
         """gather_features of the captured layers' `rows` (one launch on a GPU: `ops.dspark.gather_rows`)."""
-        missing = [l for l in self.cfg.feature_layers if l not in captured]
-        if missing:
-            return self.gather_features(captured)  # (raises, naming them)
-        return dspark_ops.gather_rows([captured[l] for l in self.cfg.feature_layers], rows)
+        return dspark_ops.gather_rows(self._feature_parts(captured), rows)
 
     def block(self, features: torch.Tensor, last_token: torch.Tensor, gamma: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The parallel part: (context state [N, D], slot outputs [N, gamma, D])."""

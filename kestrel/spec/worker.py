@@ -179,8 +179,9 @@ class SpecWorker:
                     looked = [i for i, d in enumerate((tokens != draft.tokens).any(1).tolist()) if d]
             # a pruning plan reads the confidences now; otherwise the drafts reach the host only with the verify
             # outputs, so the host builds and launches the verify while the drafter still runs (one sync a step)
-            keep = self._plan(self._plan_confidence(draft.confidence, looked), b.max_drafts) if prune \
-                else list(b.max_drafts)
+            keep = list(b.max_drafts)
+            if prune:
+                keep = self._plan(self._plan_confidence(draft.confidence, looked), b.max_drafts)
             drafted = tokens.tolist() if prune else None
         lens = [1 + k for k in keep]
         # below the planner every block is verified whole: use the full-block graph even when requests near their
