@@ -141,6 +141,8 @@ class SlotBlock(nn.Module):
 
 # off: CPU drafts through the module formulas position by position (the baseline of `_folded_drafts`)
 FOLD_CPU_DRAFTS = True
+# off: GPU greedy drafts run the output norm and projection before the vocabulary kernel (four kernels a position)
+FOLD_GPU_HEAD = True
 
 
 class FoldedCorrection:
@@ -158,15 +160,11 @@ class FoldedCorrection:
         dt, f64 = d.fc.weight.dtype, torch.float64
         up = d.corr_up.weight.detach().to(f64)  # [C, 2D + T]
         emb = rms(d.embed_tokens.weight.detach().to(f64), d.cfg.rms_norm_eps)
-        head = d.lm_head.weight.detach().to(f64)  # [V, T]
-        if d.out_proj is not None:
-            head = head @ d.out_proj.weight.detach().to(f64)  # [V, D]
-        head = head * d.out_norm.detach().to(f64)
         self.slot_up = up[:, :D].t().contiguous().to(dt)
         self.state_up = up[:, D : 2 * D].t().contiguous().to(dt)
         self.token_up = (emb @ up[:, 2 * D :].t()).to(dt)
         self.down = d.corr_down.weight.detach().t().contiguous()
-        self.head = head.t().contiguous().to(dt)
+        self.head = folded_head(d).t().contiguous()
         self.source = source
 
     @staticmethod
@@ -175,6 +173,24 @@ class FoldedCorrection:
         if d.out_proj is not None:
             ws.append(d.out_proj.weight)
         return tuple((w.data_ptr(), w._version, w.dtype) for w in ws)
+
+
+def folded_head(d: "DSparkDrafter") -> torch.Tensor:
+    """[V, D] in the drafter's dtype: the output norm's weight, out_proj and lm_head as one matrix (products in
+    float64), so that logits = rms(state) @ head^T, the norm without a weight."""
+    f64 = torch.float64
+    head = d.lm_head.weight.detach().to(f64)  # [V, T]
+    if d.out_proj is not None:
+        head = head @ d.out_proj.weight.detach().to(f64)  # [V, D]
+    return (head * d.out_norm.detach().to(f64)).to(d.fc.weight.dtype)
+
+
+class FoldedHead:
+    """folded_head for GPU drafting (row-major [V, D], the vocabulary kernel's layout), made again whenever a weight
+    it comes from moved (`source`: FoldedCorrection.key)."""
+
+    def __init__(self, d: "DSparkDrafter", source: tuple):
+        self.head, self.source = folded_head(d), source
 
 
 def default_feature_layers(num_target_layers: int, count: int = 4) -> tuple[int, ...]:
@@ -412,12 +428,19 @@ class DSparkDrafter(nn.Module):
         conf = torch.sigmoid(self.confidence_from(torch.stack(states, 1), torch.stack(peaks, 1))) if states else None
         return DraftOutput(torch.stack(tokens, 1), None, conf)
 
-    def _folded(self) -> "FoldedCorrection":
-        """This drafter's FoldedCorrection, made on first use and again whenever a weight it reads moved."""
-        key = FoldedCorrection.key(self)
-        fold = self.__dict__.get("_fold")
+    def _folded(self, kind=None):
+        """This drafter's FoldedCorrection (or FoldedHead), made on first use and again whenever a weight it reads
+        moved."""
+        kind = kind or FoldedCorrection
+        key, name = FoldedCorrection.key(self), "_fold_" + kind.__name__
+        fold = self.__dict__.get(name)
         if fold is None or fold.source != key:
-            fold = self.__dict__["_fold"] = FoldedCorrection(self, key)
+            made = kind(self, key)
+            if isinstance(fold, FoldedHead) and fold.head.shape == made.head.shape:
+                fold.head.copy_(made.head)  # in place: CUDA graphs captured with the old one read the new values
+                fold.source = key
+            else:
+                fold = self.__dict__[name] = made
         return fold
 
     def _greedy_drafts(self, features: torch.Tensor, last_token: torch.Tensor, gamma: int,
@@ -430,22 +453,31 @@ class DSparkDrafter(nn.Module):
         propose's loop, which stays the CPU's path: ~15% faster there without the ops' dispatch and the argmax
         keys. With first_confidence, also the first position's confidence ([B, 1]: the context lookup's gate): the
         vocabulary projection's kernel also keeps each tile's largest two logits and exp-sum, and one more kernel
-        turns them and the position's state into the confidence (`ops.dspark.first_confidence`)."""
+        turns them and the position's state into the confidence (`ops.dspark.first_confidence`).
+
+        With FOLD_GPU_HEAD (the default) the output norm's weight and projection are folded into the vocabulary
+        projection (`folded_head`), whose kernel normalises the state itself: three kernels a position. The logits
+        then round otherwise than the module formulas' (argmax ties within rounding may pick another draft)."""
         eps = self.cfg.rms_norm_eps
         ctx, slots = self.block(features, last_token, gamma)
         slots = slots.transpose(0, 1).contiguous()  # [gamma, B, D]: each position's rows contiguous
+        head = self._folded(FoldedHead).head if FOLD_GPU_HEAD else None
         state, prev, keys, conf = ctx, last_token, [], None
         for i in range(gamma):
             a = dspark_ops.correct_up(slots[i], state, prev, self.embed_tokens.weight, self.corr_up.weight, eps)
             state = linear_ops.linear(a, self.corr_down.weight, add=slots[i])
-            s = state
-            norm = Prologue("rms", s, lambda: rms(s, eps, self.out_norm), weight=self.out_norm, eps=eps)
-            h = norm.apply() if self.out_proj is None else linear_ops.linear_with(norm, self.out_proj.weight)
+            if head is not None:
+                h, w, norm_eps = state, head, eps
+            else:
+                s = state
+                norm = Prologue("rms", s, lambda: rms(s, eps, self.out_norm), weight=self.out_norm, eps=eps)
+                h = norm.apply() if self.out_proj is None else linear_ops.linear_with(norm, self.out_proj.weight)
+                w, norm_eps = self.lm_head.weight, None
             if first_confidence and i == 0:  # the head's tiles also keep what the peak needs: two launches
-                prev, stats = dspark_ops.head_keys(h, self.lm_head.weight, stats=True)
+                prev, stats = dspark_ops.head_keys(h, w, stats=True, eps=norm_eps)
                 conf = dspark_ops.first_confidence(stats, state, self.conf_up, self.conf_down, eps)
             else:
-                prev = dspark_ops.head_keys(h, self.lm_head.weight)
+                prev = dspark_ops.head_keys(h, w, eps=norm_eps)
             keys.append(prev)
         return DraftOutput(dspark_ops.decode(torch.stack(keys, 1)), None, conf)  # tokens [B, gamma]
 

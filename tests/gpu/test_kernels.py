@@ -434,6 +434,14 @@ def test_dspark_head_stats_and_first_confidence(dtype):
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(peak, R.peak(R.head_stats(lg).unsqueeze(1)), rtol=0, atol=tol)
     assert peak[1, 0] == peak[1, 1]  # the tie: the second largest is the largest
+    # a folded head (eps): the kernel RMS-normalises each row itself, as normalising first does (3x rows: not ~1)
+    hs = (h * 3).to(dtype)
+    kn, sn = K.head_keys(hs, w, stats=True, eps=1e-5)
+    lgn = F.linear(R.rms(hs, 1e-5).float(), w.float()).to(dtype).float()
+    torch.testing.assert_close(R.peak(sn), R.peak(R.head_stats(lgn).unsqueeze(1)), rtol=0, atol=tol)
+    best = lgn.max(-1).values
+    assert bool((lgn.gather(-1, R.decode(kn)[:, None])[:, 0] >= best - best.abs() * 2 * TOL[dtype]).all())
+    assert torch.equal(R.decode(kn), R.decode(R.head_keys(hs, w, eps=1e-5))) or dtype == torch.bfloat16
     # the tiles' reduction alone (reference.peak over a split row against the whole row): ties inside one tile too
     x = torch.randn(4, 96) * 4
     x[1, 5] = x[1, 9] = x[1].max() + 1

@@ -83,6 +83,7 @@ def test_greedy_drafts_through_the_ops_equal_the_loop(dtype, monkeypatch):
     kestrel's linear ops; with the reference ops (the CPU) that path gives the same tokens, and the same block
     outputs bit for bit, as propose's loop and the module formulas."""
     monkeypatch.setattr(drafter_module, "FOLD_CPU_DRAFTS", False)  # the CPU's folded products round otherwise
+    monkeypatch.setattr(drafter_module, "FOLD_GPU_HEAD", False)  # (its folded head too: tested below)
     d = small_drafter(dtype=dtype)
     f, last = inputs(d, B=16)
     f = f.to(dtype)
@@ -98,6 +99,33 @@ def test_greedy_drafts_through_the_ops_equal_the_loop(dtype, monkeypatch):
         x = torch.randn(16, 7, d.cfg.hidden_size, dtype=dtype)
         for layer in d.layers:
             assert torch.equal(layer._draft_forward(x), layer(x))
+
+
+@pytest.mark.parametrize("width", [24, 32])  # 24: an output projection to the target's width; 32: none
+def test_folded_gpu_head_drafts_equal_the_loop(width, monkeypatch):
+    """GPU greedy drafting folds the output norm's weight and projection into the vocabulary projection, whose op
+    normalises the state itself (three ops a position). At float64 it drafts the module loop's tokens and first
+    confidences; the fold follows a weight changed in place, into the same tensor (captured graphs read it)."""
+    monkeypatch.setattr(drafter_module, "FOLD_CPU_DRAFTS", False)
+    d = small_drafter(dtype=torch.float64, hidden_size=width)
+    assert (d.out_proj is None) == (width == d.cfg.target_hidden_size)
+    with torch.no_grad():
+        d.out_norm.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(4))
+    f, last = inputs(d, B=32)
+    f = f.double()
+    with torch.no_grad():
+        for step in range(2):
+            loop = d.propose(f, last, 6, want_probs=False, confidence_positions=1)
+            for folded in (True, False):
+                monkeypatch.setattr(drafter_module, "FOLD_GPU_HEAD", folded)
+                got = d._greedy_drafts(f, last, 6, first_confidence=True)
+                assert torch.equal(got.tokens, loop.tokens)
+                torch.testing.assert_close(got.confidence, loop.confidence, rtol=0, atol=1e-12)
+            if step == 0:  # a changed output norm: the next drafts read it, through the same folded tensor
+                head = d._folded(drafter_module.FoldedHead).head
+                before = head.clone()
+                d.out_norm.mul_(torch.linspace(0.2, 3.0, d.out_norm.numel(), dtype=torch.float64))
+        assert d._folded(drafter_module.FoldedHead).head is head and not torch.equal(head, before)
 
 
 @pytest.mark.parametrize("width", [24, 32])  # 24: an output projection to the target's width; 32: none

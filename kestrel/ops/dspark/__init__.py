@@ -17,9 +17,9 @@ def correct_up(slot, state, prev, emb, w_up, eps: float):
     return fn(slot, state, prev, emb, w_up, eps)
 
 
-def head_keys(h, w, stats: bool = False):
+def head_keys(h, w, stats: bool = False, eps: float | None = None):
     fn = _fast("head_keys", h, h.shape[0]) or reference.head_keys
-    return fn(h, w, stats)
+    return fn(h, w, stats, eps)
 
 
 def first_confidence(stats, state, up, down, eps: float):

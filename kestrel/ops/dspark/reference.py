@@ -68,10 +68,11 @@ def correct_up(slot: torch.Tensor, state: torch.Tensor, prev: torch.Tensor, emb:
     return F.silu(F.linear(rms_rows([slot, state, emb[prev_tokens(prev)]], eps), w_up))
 
 
-def head_keys(h: torch.Tensor, w: torch.Tensor, stats: bool = False):
+def head_keys(h: torch.Tensor, w: torch.Tensor, stats: bool = False, eps: float | None = None):
     """The argmax of the logits h @ w^T (rounded to h's dtype, as the lm_head's output is) as partial keys [B, 1];
-    with stats, also the logits' summary [B, 1, 3] (`head_stats`): (keys, stats)."""
-    logits = F.linear(h, w)
+    with stats, also the logits' summary [B, 1, 3] (`head_stats`): (keys, stats). With eps, h is RMS-normalised
+    first (no weight: a head with the norm's weight folded in)."""
+    logits = F.linear(h if eps is None else rms(h, eps), w)
     ids = logits.argmax(-1, keepdim=True)
     keys = pack(logits.gather(-1, ids), ids)
     return (keys, head_stats(logits).unsqueeze(1)) if stats else keys

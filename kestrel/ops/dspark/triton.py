@@ -91,13 +91,16 @@ def correct_up(slot: torch.Tensor, state: torch.Tensor, prev: torch.Tensor, emb:
 
 
 @triton.jit
-def _head_keys_kernel(h_ptr, w_ptr, keys_ptr, stats_ptr, N, NB, K: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr,
-                      STATS: tl.constexpr, PDL: tl.constexpr):
+def _head_keys_kernel(h_ptr, w_ptr, keys_ptr, stats_ptr, N, NB, eps, K: tl.constexpr, KP: tl.constexpr,
+                      BN: tl.constexpr, STATS: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
     nb = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     rows, cols, w = _tile_then_wait(w_ptr, N, K, KP, BN, PDL)
-    h = tl.load(h_ptr + b * K + cols, mask=cols < K, other=0.0)
-    logit = tl.sum(w.to(tl.float32) * h.to(tl.float32)[None, :], 1).to(h.dtype).to(tl.float32)  # as the output rounds
+    if NORM:  # every program normalises the row itself (K values): the head then needs no kernel of its own
+        hf = _rms_piece(h_ptr + b * K, cols, 0, K, eps)
+    else:
+        hf = tl.load(h_ptr + b * K + cols, mask=cols < K, other=0.0).to(tl.float32)
+    logit = tl.sum(w.to(tl.float32) * hf[None, :], 1).to(w.dtype).to(tl.float32)  # as the output rounds
     bits = (logit + 0.0).to(tl.int32, bitcast=True)
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
     key = (ordered.to(tl.int64) << 32) | (_low() - rows.to(tl.int64))
@@ -114,12 +117,12 @@ def _head_keys_kernel(h_ptr, w_ptr, keys_ptr, stats_ptr, N, NB, K: tl.constexpr,
         tl.store(out + 2, tl.sum(tl.exp(x - m1), 0))
 
 
-def head_keys(h: torch.Tensor, w: torch.Tensor, stats: bool = False):
+def head_keys(h: torch.Tensor, w: torch.Tensor, stats: bool = False, eps: float | None = None):
     """See reference.head_keys: here one key (and with stats, one [3] summary) per program's tile of the
     vocabulary, [B, P] (and [B, P, 3]) (fp64 goes to the reference)."""
     if h.dtype == torch.float64:
         from kestrel.ops.dspark.reference import head_keys as ref
-        return ref(h, w, stats)
+        return ref(h, w, stats, eps)
     B, K = h.shape
     N = w.shape[0]
     assert w.shape[1] == K and w.is_contiguous() and w.dtype == h.dtype
@@ -131,8 +134,8 @@ def head_keys(h: torch.Tensor, w: torch.Tensor, stats: bool = False):
     summary = torch.empty(B, NB, 3, dtype=torch.float32, device=h.device) if stats else keys
     use_pdl = pdl(h)
     if B:
-        launch(_head_keys_kernel, (NB, B), h, w, keys, summary, N, NB, K=K, KP=KP, BN=BN, STATS=stats, PDL=use_pdl,
-               launch_pdl=use_pdl, num_warps=4, num_stages=1)
+        launch(_head_keys_kernel, (NB, B), h, w, keys, summary, N, NB, 0.0 if eps is None else eps, K=K, KP=KP,
+               BN=BN, STATS=stats, NORM=eps is not None, PDL=use_pdl, launch_pdl=use_pdl, num_warps=4, num_stages=1)
     return (keys, summary) if stats else keys
 
 
