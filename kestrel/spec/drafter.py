@@ -311,6 +311,10 @@ class DSparkDrafter(nn.Module):
         return slot + self.corr_down(F.silu(self.corr_up(u)))
 
     def logits(self, state: torch.Tensor) -> torch.Tensor:
+        if state.is_cuda and FOLD_GPU_HEAD and not torch.is_grad_enabled():
+            # drafting on a GPU: the folded head, as the greedy drafts' vocabulary kernel reads it (so a step that
+            # also rates every position drafts what one rating only the first does)
+            return F.linear(rms(state, self.cfg.rms_norm_eps), self._folded(FoldedHead).head)
         h = rms(state, self.cfg.rms_norm_eps, self.out_norm)
         h = h if self.out_proj is None else self.out_proj(h)
         y = linear_ops.kmajor_linear(self, h, self.lm_head.weight)  # drafting one sequence on a CPU
