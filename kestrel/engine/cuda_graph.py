@@ -367,23 +367,34 @@ class SpecStepGraphRunner(_Buckets):
             self.table[:b].fill_(self.scratch_page)
             self.features[:b].zero_()
             windows = None if self.windows is None else self.windows[:b]
-            self.graphs[b], self.outputs[b], self.pool = capture(
-                lambda: self.step(self.features[:b], self._ints(b), self.table[:b], windows=windows), self.pool)
+
+            def step():
+                # the next features and windows also go to the input rows: a chained step finds them there
+                packed, feats, win = self.step(self.features[:b], self._ints(b), self.table[:b], windows=windows)
+                self.features[:b].copy_(feats)
+                if win is not None:
+                    windows.copy_(win)
+                return packed, feats, win
+
+            self.graphs[b], self.outputs[b], self.pool = capture(step, self.pool)
 
     @torch.no_grad()
     def run(self, features: list[torch.Tensor], ints: torch.Tensor, table: torch.Tensor,
             windows: list[torch.Tensor] | None = None) -> tuple:
-        """features (and windows, with a window): one tensor per request; ints [8, bucket] and table [bucket, width]
-        host tensors already padded to the bucket. Returns the graph's static outputs (valid until its next
-        replay)."""
-        bs, b = len(features), ints.shape[1]
+        """features (and windows, with a window): one tensor per request, or None where the input rows already hold
+        them (the graph writes each step's next features and windows there: a step serving the requests of the step
+        before, in its order); ints [8, bucket] and table [bucket, width] host tensors already padded to the bucket.
+        Returns the graph's static outputs (valid until its next replay)."""
+        b = ints.shape[1]
         assert self.bucket(b) == b and table.shape[0] == b and table.shape[1] <= self.max_pages
         self.ensure(b)
-        torch.stack(features, out=self.features[:bs])
-        if b > bs:
-            self.features[bs:b].zero_()
-        if self.windows is not None:
-            torch.stack(windows, out=self.windows[:bs])
+        if features is not None:
+            bs = len(features)
+            torch.stack(features, out=self.features[:bs])
+            if b > bs:
+                self.features[bs:b].zero_()
+        if self.windows is not None and windows is not None:
+            torch.stack(windows, out=self.windows[: len(windows)])
         self._ints(b).copy_(ints, non_blocking=True)
         self.table[:b, : table.shape[1]].copy_(table, non_blocking=True)
         self.graphs[b].replay()

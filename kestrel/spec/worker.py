@@ -58,6 +58,9 @@ LOOKUP_ACCEPT_EMA = 0.05
 PRICE_LOOKUP_BLOCKS = True
 # a gap between two speculative steps longer than this is the engine idling (no work), not per-step overhead
 IDLE_GAP_S = 0.25
+# off: every greedy step graph replay stacks its requests' features and windows into the graph's inputs and clones
+# its outputs back out (four small launches a step), even when the step before served the same requests
+RESIDENT_FEATURES = True
 
 
 class SpecWorker:
@@ -96,6 +99,10 @@ class SpecWorker:
         self.window_bytes = 0  # draft-window memory of the last verify (the rollback method's cost)
         self._window_row = 0
         self.graphs = self.draft_graphs = self.step_graphs = None
+        # the requests (in batch order) whose features and windows are the step graph's input rows 0..: the greedy
+        # step graph writes its outputs there, and self.features / self.windows hold stale values for them until
+        # _settle_resident copies them back
+        self._resident: tuple[str, ...] | None = None
         # `_host_ints`' column values of a padding row: a block that verifies and commits nothing on the scratch slot
         # and publishes to the futures' scratch entry
         self.pad_ints = [0, -1, 0, runner.mem.scratch_slot, 0, runner.mem.scratch_slot, runner.future_size, -1]
@@ -116,6 +123,7 @@ class SpecWorker:
         """The drafter's features of `b.feature_rows`' requests at the last token each fed (token rows `rows`)."""
         if not b.feature_rows:
             return
+        self._settle_resident()
         feats = self.drafter.features_at(captured, rows)
         for k, row in enumerate(b.feature_rows):
             r = b.reqs[row]
@@ -128,6 +136,22 @@ class SpecWorker:
     def forget(self, rid: str) -> None:
         self.features.pop(rid, None)
         self.windows.pop(rid, None)
+
+    def _settle_resident(self) -> None:
+        """Copy the step graph's input rows back into the per-request features and windows (their values after the
+        last step launched; the copy is queued behind it) for the requests still served: before anything but a
+        chained greedy step reads those, or another batch uses the rows."""
+        rids, self._resident = self._resident, None
+        if rids is None:
+            return
+        g = self.step_graphs
+        feats = g.features[: len(rids)].clone()
+        windows = g.windows[: len(rids)].clone() if g.windows is not None else None
+        for i, rid in enumerate(rids):
+            if rid in self.features:  # (a request forgotten since has none)
+                self.features[rid] = feats[i]
+                if windows is not None:
+                    self.windows[rid] = windows[i]
 
     def _windows(self, b: Batch) -> list[torch.Tensor]:
         """The batch's context windows (an empty one for a request that has none)."""
@@ -164,6 +188,7 @@ class SpecWorker:
         ints, table = self._host_ints(b, list(b.max_drafts))
         ints, table = r.to_device(ints), r.to_device(table)
         x0, prefix = self._resolve(ints)
+        self._settle_resident()
         feats = torch.stack([self.features[q.rid] for q in b.reqs])
         windows = None
         with record_function("spec.draft"):  # the confidence head only when this step may prune or look up
@@ -392,23 +417,29 @@ class SpecWorker:
         graphed = (runner is not None and runner.bucket(B) is not None
                    and max(len(row) for row in b.page_table) <= runner.max_pages)
         ints, table = self._host_ints(b, keep, runner.bucket(B) if graphed else None)
-        windows = self._windows(b) if self.lookup else None
+        rids = tuple(q.rid for q in b.reqs)
+        # the same requests in the same order as the step before: the graph's input rows already hold their
+        # features and windows (it writes its outputs there), so nothing is stacked in or copied out
+        chained = graphed and self._resident == rids and RESIDENT_FEATURES
+        if not chained:
+            self._settle_resident()
+        windows = self._windows(b) if self.lookup and not chained else None
         if graphed:
-            packed, feats, windows = runner.run([self.features[q.rid] for q in b.reqs], ints, table, windows)
+            feats = None if chained else [self.features[q.rid] for q in b.reqs]
+            packed = runner.run(feats, ints, table, windows)[0]
             self.window_bytes = self._window_row * B
-            # a graph's outputs are overwritten by its next replay: copies, queued before it
-            packed, feats = BatchResult.pending(packed[:B]), feats[:B].clone()
-            windows = None if windows is None else windows[:B].clone()
+            packed = BatchResult.pending(packed[:B])  # (a copy queued before the next replay overwrites it)
+            self._resident = rids
         else:
             feats = torch.stack([self.features[q.rid] for q in b.reqs])
             # eager: blocks only as long as the longest (as the host path pads them)
             packed, feats, windows = self.greedy_step(feats, self.runner.to_device(ints), self.runner.to_device(table),
                                                       1 + max(keep), None if windows is None else torch.stack(windows))
             packed = BatchResult.pending(packed)
-        for i, q in enumerate(b.reqs):
-            self.features[q.rid] = feats[i]
-            if windows is not None:
-                self.windows[q.rid] = windows[i]
+            for i, q in enumerate(b.reqs):
+                self.features[q.rid] = feats[i]
+                if windows is not None:
+                    self.windows[q.rid] = windows[i]
         # the verify forward is not timed apart inside one graph: the profile's whole-block time stands for it
         t_verify = dict((L, full) for L, _, full in self.profile[bucket])[self.gamma + 1] if planning else 0.0
 
