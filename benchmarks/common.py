@@ -174,3 +174,34 @@ def kernel_breakdown(step, log, steps: int = 3, top: int = 24, label: str = "dec
     log(f"kernel time per call ({label}): {total:.0f} us in {launches:.0f} launches")
     for name, (n, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:top]:
         log(f"  {t:8.1f} us  {n:6.1f}x  {name[:90]}")
+
+
+def graph_timeline(run, log, steps: int = 5, top: int = 20, label: str = "graph", sequence: range | None = None,
+                   copies: bool = False):
+    """Where a graphed step's wall time goes: the kernels as the GPU ran them (the profiler traces a graph's
+    kernels), each charged with how far it moved the step's end (its end minus the latest end before it, so launch
+    gaps and PDL waits count against the kernel that ended them, and a kernel overlapped by PDL costs little).
+    copies: memory copies and sets are charged too (the engine's steps around the graph)."""
+    ev = sorted((e.time_range.start, e.time_range.end, e.name) for e in cuda_events(run, steps)
+                if e.device_type.name == "CUDA"
+                and (copies or ("memcpy" not in e.name.lower() and "memset" not in e.name.lower())))
+    if not ev:
+        log(f"timeline ({label}): no kernels traced")
+        return
+    agg, last = {}, ev[0][0]
+    if sequence is not None:
+        log(f"timeline ({label}), kernels {sequence.start}-{sequence.stop - 1} of the first step: start / duration / "
+            "charged (us)")
+    for i, (start, end, name) in enumerate(ev):
+        adv = max(0.0, end - last)
+        last = max(last, end)
+        if sequence is not None and i in sequence:
+            log(f"  {i:4d} {start - ev[0][0]:8.1f} {end - start:6.2f} {adv:6.2f}  {name[:60]}")
+        n, a, d = agg.get(name, (0, 0.0, 0.0))
+        agg[name] = (n + 1, a + adv, d + (end - start))
+    span = (ev[-1][1] - ev[0][0]) / steps
+    dur = sum(d for _, _, d in agg.values()) / steps
+    log(f"timeline ({label}): {len(ev) / steps:.0f} kernels a step, span {span:.0f} us a step, kernel durations "
+        f"sum {dur:.0f} us; charged time by kernel (us a step, launches, mean duration us):")
+    for name, (n, a, d) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:top]:
+        log(f"  {a / steps:8.1f} us  {n / steps:6.1f}x  {d / n:6.2f}  {name[:80]}")

@@ -20,7 +20,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import Log, back_to_back, copy_bandwidth, cuda_events, cuda_time, kernel_breakdown, stamp  # noqa: E402
+from benchmarks.common import (Log, back_to_back, copy_bandwidth, cuda_time, graph_timeline,  # noqa: E402
+                               kernel_breakdown, stamp)
 from kestrel.models.presets import init_random  # noqa: E402
 from kestrel.engine.cuda_graph import DecodeGraphRunner  # noqa: E402
 from kestrel.mem.pools import KVPool, Memory, StatePool  # noqa: E402
@@ -303,37 +304,6 @@ def interleaved(variants: dict, fb, log, rounds: int = 8, iters: int = 20):
         m = statistics.median(ts)
         log(f"interleaved {k:<28} {m * 1e3:8.3f} ms/step (min {min(ts) * 1e3:.3f}, max {max(ts) * 1e3:.3f}) "
             f"{base / m:6.3f}x the first")
-
-
-def graph_timeline(run, log, steps: int = 5, top: int = 20, label: str = "graph", sequence: range | None = None,
-                   copies: bool = False):
-    """Where a graphed step's wall time goes: the kernels as the GPU ran them (the profiler traces a graph's
-    kernels), each charged with how far it moved the step's end (its end minus the latest end before it, so launch
-    gaps and PDL waits count against the kernel that ended them, and a kernel overlapped by PDL costs little).
-    copies: memory copies and sets are charged too (the engine's steps around the graph)."""
-    ev = sorted((e.time_range.start, e.time_range.end, e.name) for e in cuda_events(run, steps)
-                if e.device_type.name == "CUDA"
-                and (copies or ("memcpy" not in e.name.lower() and "memset" not in e.name.lower())))
-    if not ev:
-        log(f"timeline ({label}): no kernels traced")
-        return
-    agg, last = {}, ev[0][0]
-    if sequence is not None:
-        log(f"timeline ({label}), kernels {sequence.start}-{sequence.stop - 1} of the first step: start / duration / "
-            "charged (us)")
-    for i, (start, end, name) in enumerate(ev):
-        adv = max(0.0, end - last)
-        last = max(last, end)
-        if sequence is not None and i in sequence:
-            log(f"  {i:4d} {start - ev[0][0]:8.1f} {end - start:6.2f} {adv:6.2f}  {name[:60]}")
-        n, a, d = agg.get(name, (0, 0.0, 0.0))
-        agg[name] = (n + 1, a + adv, d + (end - start))
-    span = (ev[-1][1] - ev[0][0]) / steps
-    dur = sum(d for _, _, d in agg.values()) / steps
-    log(f"timeline ({label}): {len(ev) / steps:.0f} kernels a step, span {span:.0f} us a step, kernel durations "
-        f"sum {dur:.0f} us; charged time by kernel (us a step, launches, mean duration us):")
-    for name, (n, a, d) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:top]:
-        log(f"  {a / steps:8.1f} us  {n / steps:6.1f}x  {d / n:6.2f}  {name[:80]}")
 
 
 @torch.no_grad()

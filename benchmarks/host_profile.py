@@ -2,6 +2,7 @@
 timed, then profiled with cProfile (own time and cumulative time of the heaviest functions).
 
     python benchmarks/host_profile.py [--device cuda --dtype bfloat16] [--prompts 4] [--new-tokens 64] [--top 25]
+                                       [--timeline]
 
 cProfile slows Python-heavy code more than kernels, so the profiled run's share of host work is an upper bound;
 the timed run before it is the figure to quote.
@@ -18,7 +19,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import replay_ms  # noqa: E402
+from benchmarks.common import graph_timeline, replay_ms  # noqa: E402
 from kestrel.config import ServerArgs  # noqa: E402
 from kestrel.engine.core import EngineCore  # noqa: E402
 from kestrel.ops import dspark as dspark_ops  # noqa: E402
@@ -54,6 +55,9 @@ def main() -> None:
     ap.add_argument("--disable-pdl", action="store_true",
                     help="plain launches: the kernel table's times are then each kernel's own (under PDL a kernel's "
                          "time includes its wait for the one before)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="also list the step graph's kernels in order, each charged with how far it moved the "
+                         "step's end (a replay traced kernel by kernel)")
     ap.add_argument("--context-lookup", default="auto", choices=["auto", "on", "off"],
                     help="the DSpark modes' --speculative-context-lookup")
     args = ap.parse_args()
@@ -93,7 +97,7 @@ def main() -> None:
                 print("   " + line[:160])
         if args.device == "cuda":
             kernel_table(core, prompts[:2], args)
-            graph_time(core, mode)
+            graph_time(core, mode, args.timeline)
         core.shutdown()
 
 
@@ -125,14 +129,18 @@ def kernel_table(core: EngineCore, prompts, args) -> None:
         print(f"   {n / steps:7.1f} {t / steps:9.1f}  {name[:100]}")
 
 
-def graph_time(core: EngineCore, mode: str, replays: int = 200) -> None:
+def graph_time(core: EngineCore, mode: str, timeline: bool = False, replays: int = 200) -> None:
     """The device time of one batch-1 step alone: its CUDA graph replayed back to back (the decode graph; for DSpark
     the whole greedy step's graph). The step's wall time less this is what the host adds. Run last: the replays
     rewrite the last request's (freed) state slot."""
     runner = core.runner
     graphs = runner.spec.step_graphs.graphs if mode.startswith("dspark") else runner.graphs.graphs
-    print(f"   graph alone: {replay_ms(graphs[min(graphs)], replays):.3f} ms of device time a step (batch "
+    graph = graphs[min(graphs)]
+    print(f"   graph alone: {replay_ms(graph, replays):.3f} ms of device time a step (batch "
           f"{min(graphs)}, {replays} replays back to back)")
+    if timeline:
+        graph_timeline(graph.replay, lambda s: print("   " + s), label=f"{mode}, batch {min(graphs)}", top=30,
+                       sequence=range(0, 400))
     if mode.startswith("dspark"):  # the phases, from the host-acceptance path's graphs of the same bucket
         spec, b = runner.spec, min(graphs)
         key = (b, spec.gamma + 1)

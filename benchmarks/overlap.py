@@ -87,7 +87,7 @@ def main() -> None:
 def timelines(core: EngineCore, prompt, steps: int = 30) -> None:
     """Overlapped engine decode steps of one request, then its decode graph replayed alone, each traced (see
     decode_ladder.graph_timeline; copies charged too)."""
-    from benchmarks.decode_ladder import graph_timeline
+    from benchmarks.common import graph_timeline
 
     core.scheduler.overlap = True
     req = core.make_request(prompt, {"max_new_tokens": 4 * steps + 16, "temperature": 0, "ignore_eos": True})

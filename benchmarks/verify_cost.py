@@ -20,7 +20,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import Log, back_to_back, cuda_time, stamp  # noqa: E402
-from benchmarks.decode_ladder import DecodeSetup, build_model, graph_timeline  # noqa: E402
+from benchmarks.common import graph_timeline  # noqa: E402
+from benchmarks.decode_ladder import DecodeSetup, build_model  # noqa: E402
 import kestrel.ops as ops  # noqa: E402
 from kestrel.ops import moe as moe_ops  # noqa: E402
 from kestrel.engine.cuda_graph import DecodeGraphRunner, VerifyGraphRunner  # noqa: E402

@@ -295,11 +295,15 @@ class DSparkDrafter(nn.Module):
         """The parallel part: (context state [N, D], slot outputs [N, gamma, D])."""
         cfg, dtype = self.cfg, self.fc.weight.dtype
         N = features.shape[0]
-        f = features.to(dtype).view(N, len(cfg.feature_layers), cfg.target_hidden_size)
-        f = rms(f, cfg.rms_norm_eps, self.feature_norm)  # layers differ in scale: normalise each
-        e = rms(self.embed_tokens(last_token), cfg.rms_norm_eps, self.token_norm)
-        ctx = self.fc(torch.cat([f.flatten(1), e], -1))  # [N, D]
-        x = torch.cat([ctx[:, None], ctx[:, None] + self.slots[:gamma]], 1)  # [N, 1 + gamma, D]
+        if features.is_cuda and not torch.is_grad_enabled():  # drafting on a GPU: the formulas below in one kernel
+            x = dspark_ops.block_front(features, last_token, self.embed_tokens.weight, self.feature_norm,
+                                       self.token_norm, self.fc.weight, self.slots[:gamma], cfg.rms_norm_eps)
+        else:
+            f = features.to(dtype).view(N, len(cfg.feature_layers), cfg.target_hidden_size)
+            f = rms(f, cfg.rms_norm_eps, self.feature_norm)  # layers differ in scale: normalise each
+            e = rms(self.embed_tokens(last_token), cfg.rms_norm_eps, self.token_norm)
+            ctx = self.fc(torch.cat([f.flatten(1), e], -1))  # [N, D]
+            x = torch.cat([ctx[:, None], ctx[:, None] + self.slots[:gamma]], 1)  # [N, 1 + gamma, D]
         for layer in self.layers:
             x = layer(x)
         x = rms(x, cfg.rms_norm_eps, self.norm)
@@ -483,7 +487,7 @@ class DSparkDrafter(nn.Module):
             else:
                 prev = dspark_ops.head_keys(h, w, eps=norm_eps)
             keys.append(prev)
-        return DraftOutput(dspark_ops.decode(torch.stack(keys, 1)), None, conf)  # tokens [B, gamma]
+        return DraftOutput(dspark_ops.decode_keys(keys), None, conf)  # tokens [B, gamma]
 
     # ---- checkpoints
     def save(self, path: str | Path, dtype: torch.dtype | None = torch.bfloat16) -> None:

@@ -350,18 +350,21 @@ def test_moe_experts(dtype, quant, kind):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("chunk", [4096, 128])
-def test_dspark_accept_greedy(dtype, chunk, monkeypatch):
+@pytest.mark.parametrize("tile", [16384, 1024])
+def test_dspark_accept_greedy(dtype, tile, monkeypatch):
     """Greedy acceptance on the device (argmax of every verified position, the longest matching prefix capped by
     the drafts each block may keep, commit, due snapshots, the next features' rows) in one kernel, against the
     reference: equal, with ties in the logits (across the kernel's vocabulary chunks too) and drafts spoiled at
     chosen positions."""
     from kestrel.ops.dspark import reference as R, triton as K
-    monkeypatch.setattr(K, "ACCEPT_BV", chunk)
+    monkeypatch.setattr(K, "ACCEPT_TILE", tile)  # 1024: pieces of 128 / 256 columns at L = 8 / 4
     B, G, V = 6, 7, (300 if SMALL else 4096)
     for L in (G + 1, 4):
         logits = rnd(B * L, V, dtype=dtype)
-        logits[3, 10] = logits[3, 200] = logits[3].max() + 1  # a tie: the lower id is the argmax
+        # ties: the lower id is the argmax; block 1 fails at position 2, so that position's argmax is the token the
+        # block ends with (row 3, block 0's, is past its first failure: the tie there is not read)
+        for r in (3, L + 2):
+            logits[r, 10] = logits[r, 200] = logits[r].max() + 1
         top = logits.float().argmax(-1).view(B, L)
         drafts = torch.randint(0, V, (B, G), device=DEV)
         drafts[:, : L - 1] = top[:, : L - 1]
@@ -460,6 +463,45 @@ def test_dspark_head_stats_and_first_confidence(dtype):
     assert got.shape == want.shape == (B, 1) and got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5 if dtype == torch.float32 else 3e-2)
     assert float(want.std()) > 0.01  # the rows differ: a kernel reading one row for all would fail
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dspark_block_front_and_decode_keys(dtype):
+    """The drafter block's input in one kernel (each feature layer's and the token embedding's RMSNorm with its
+    weight, the context projection, the slots added) against the module formulas (reference.block_front), for
+    rows of features with a stride and each row's own token; the drafted positions' keys decoded in one launch,
+    exact."""
+    from kestrel.ops.dspark import reference as R, triton as K
+    torch.manual_seed(4)
+    N, L, T, D, V, G = (2, 2, 16, 24, 50, 3) if SMALL else (5, 4, 256, 192, 4096, 7)
+    wide = rnd(N, L * T + 40, dtype=dtype, scale=3.0)
+    feats = wide[:, : L * T]  # rows 40 columns apart, as a larger buffer's view
+    # each layer's part at its own scale (the norms are per layer: one norm over the row would fail)
+    feats.view(N, L, T).mul_(torch.arange(1, L + 1, device=DEV, dtype=dtype).view(1, L, 1))
+    emb = rnd(V, T, dtype=dtype)
+    fnorm, tnorm = (1 + rnd(L, T, dtype=dtype, scale=0.3)), (1 + rnd(T, dtype=dtype, scale=0.3))
+    fc = rnd(D, (L + 1) * T, dtype=dtype, scale=((L + 1) * T) ** -0.5)
+    slots = rnd(G, D, dtype=dtype)
+    tok = torch.randint(0, V, (N,), device=DEV)
+    got = K.block_front(feats, tok, emb, fnorm, tnorm, fc, slots, 1e-5)
+    want = R.block_front(feats, tok, emb, fnorm, tnorm, fc, slots, 1e-5)
+    assert got.shape == want.shape == (N, G + 1, D) and got.dtype == dtype
+    assert rel(got, want) < TOL[dtype]
+    assert rel(got[:, 1:] - got[:, :1], slots.expand(N, G, D)) < 4 * TOL[dtype]  # each slot added to its row's ctx
+    # a row's token matters: another token changes only that row
+    tok2 = tok.clone()
+    tok2[0] = (tok[0] + 1) % V
+    got2 = K.block_front(feats, tok2, emb, fnorm, tnorm, fc, slots, 1e-5)
+    assert not torch.equal(got2[0], got[0]) and torch.equal(got2[1:], got[1:])
+    # the keys of G positions, each [N, P] (ties to the lower id inside a position's tiles)
+    P = 3
+    vals = rnd(G, N, P * 8)
+    vals[0, 0, 5] = vals[0, 0, 17] = vals[0, 0].max() + 1  # position 0, row 0: a tie across two tiles
+    ids = torch.arange(P * 8, device=DEV)
+    keys = [R.pack(v, ids).view(N, P, 8).amax(-1) for v in vals]
+    out = K.decode_keys(keys)
+    assert torch.equal(out, R.decode_keys(keys)) and out.shape == (N, G)
+    assert torch.equal(out, vals.argmax(-1).t()) and int(out[0, 0]) == 5
 
 
 @pytest.mark.parametrize("page_size", [1, 16])

@@ -22,6 +22,16 @@ def head_keys(h, w, stats: bool = False, eps: float | None = None):
     return fn(h, w, stats, eps)
 
 
+def decode_keys(keys):
+    fn = _fast("decode_keys", keys[0], keys[0].shape[0]) or reference.decode_keys
+    return fn(keys)
+
+
+def block_front(features, last_token, emb, feature_norm, token_norm, fc, slots, eps: float):
+    fn = _fast("block_front", features, features.shape[0]) or reference.block_front
+    return fn(features, last_token, emb, feature_norm, token_norm, fc, slots, eps)
+
+
 def first_confidence(stats, state, up, down, eps: float):
     fn = _fast("first_confidence", state, state.shape[0]) or reference.first_confidence
     return fn(stats, state, up, down, eps)

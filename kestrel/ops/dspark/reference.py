@@ -55,6 +55,24 @@ def decode(keys: torch.Tensor) -> torch.Tensor:
     return LOW - (keys.amax(-1) & LOW)
 
 
+def decode_keys(keys: list[torch.Tensor]) -> torch.Tensor:
+    """Each drafted position's partial keys ([B, P] each, one tensor a position) -> tokens [B, positions] int64."""
+    return decode(torch.stack(keys, 1))
+
+
+def block_front(features: torch.Tensor, last_token: torch.Tensor, emb: torch.Tensor, feature_norm: torch.Tensor,
+                token_norm: torch.Tensor, fc: torch.Tensor, slots: torch.Tensor, eps: float) -> torch.Tensor:
+    """The drafter block's input [N, 1 + gamma, D]: the context ctx = fc @ [rms(f_l) * feature_norm_l for each
+    feature layer l, rms(emb[last_token]) * token_norm], then ctx + slots[i] for each of the gamma slots [gamma, D]
+    (features [N, L * T], fc [D, (L + 1) * T]); as DSparkDrafter.block's module formulas compute it."""
+    N = features.shape[0]
+    L, T = feature_norm.shape
+    f = rms(features.to(fc.dtype).view(N, L, T), eps, feature_norm)  # layers differ in scale: normalise each
+    e = rms(emb[last_token], eps, token_norm)
+    ctx = F.linear(torch.cat([f.flatten(1), e], -1), fc)  # [N, D]
+    return torch.cat([ctx[:, None], ctx[:, None] + slots], 1)
+
+
 def prev_tokens(prev: torch.Tensor) -> torch.Tensor:
     """The previous tokens from ids [B] or from partial argmax keys [B, P]."""
     return decode(prev) if prev.dim() == 2 else prev

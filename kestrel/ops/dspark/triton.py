@@ -140,6 +140,86 @@ def head_keys(h: torch.Tensor, w: torch.Tensor, stats: bool = False, eps: float 
 
 
 @triton.jit
+def _decode_keys_kernel(keys, out_ptr, P, G: tl.constexpr, PP: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
+    b = tl.program_id(0).to(tl.int64)
+    rp = tl.arange(0, PP)
+    for i in tl.static_range(G):
+        k = tl.load(keys[i] + b * P + rp, mask=rp < P, other=MIN_KEY)
+        tl.store(out_ptr + b * G + i, _low() - (tl.max(k, 0) & _low()))
+
+
+def decode_keys(keys: list[torch.Tensor]) -> torch.Tensor:
+    """See reference.decode_keys: one program a row reads every position's keys (one launch, where the stack and
+    the decode's reduction and arithmetic took four)."""
+    B, P = keys[0].shape
+    if any(k.shape != (B, P) or k.dtype != torch.int64 or not k.is_contiguous() for k in keys):
+        from kestrel.ops.dspark.reference import decode_keys as ref
+        return ref(keys)
+    out = torch.empty(B, len(keys), dtype=torch.int64, device=keys[0].device)
+    if B:
+        _decode_keys_kernel[(B,)](tuple(keys), out, P, G=len(keys), PP=triton.next_power_of_2(P), num_warps=1,
+                                  **pdl_args(keys[0]))
+    return out
+
+
+@triton.jit
+def _block_front_kernel(f_ptr, tok_ptr, emb_ptr, fn_ptr, tn_ptr, w_ptr, slots_ptr, x_ptr, D, FS, eps,
+                        G: tl.constexpr, L: tl.constexpr, T: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr):
+    b = tl.program_id(1).to(tl.int64)
+    K: tl.constexpr = (L + 1) * T
+    rows, cols, w = _tile_then_wait(w_ptr, D, K, KP, BN, PDL)
+    dt = x_ptr.dtype.element_ty
+    u = tl.zeros([KP], tl.float32)
+    for l in tl.static_range(L):  # each feature layer normalised alone, then its norm's weight (torch's roundings)
+        on = (cols >= l * T) & (cols < (l + 1) * T)
+        piece = _rms_piece(f_ptr + b * FS + l * T, cols, l * T, T, eps)
+        nw = tl.load(fn_ptr + l * T + (cols - l * T), mask=on, other=0.0).to(tl.float32)
+        u += (piece * nw).to(dt).to(tl.float32)
+    tok = tl.load(tok_ptr + b).to(tl.int64)
+    on = cols >= L * T
+    piece = _rms_piece(emb_ptr + tok * T, cols, L * T, T, eps)
+    nw = tl.load(tn_ptr + (cols - L * T), mask=on & (cols < K), other=0.0).to(tl.float32)
+    u += (piece * nw).to(dt).to(tl.float32)
+    ctx = tl.sum(w.to(tl.float32) * u[None, :], 1).to(dt)
+    out = x_ptr + b * (G + 1) * D + rows
+    keep = rows < D
+    tl.store(out, ctx, mask=keep)
+    cf = ctx.to(tl.float32)
+    for i in tl.static_range(G):  # the slots: ctx + slot, rounded as torch's add
+        s = tl.load(slots_ptr + i * D + rows, mask=keep, other=0.0).to(tl.float32)
+        tl.store(out + (i + 1) * D, (cf + s).to(dt), mask=keep)
+
+
+def block_front(features: torch.Tensor, last_token: torch.Tensor, emb: torch.Tensor, feature_norm: torch.Tensor,
+                token_norm: torch.Tensor, fc: torch.Tensor, slots: torch.Tensor, eps: float) -> torch.Tensor:
+    """See reference.block_front: one program per row and tile of fc's outputs, each normalising the row's inputs
+    itself (one launch, where the norms, the embedding lookup, the concatenations, the product and the slots' add
+    took seven)."""
+    from kestrel.ops.dspark.reference import block_front as ref
+
+    N = features.shape[0]
+    L, T = feature_norm.shape
+    D, K = fc.shape
+    dt = fc.dtype
+    if (features.dtype != dt or any(t.dtype != dt or not t.is_contiguous() for t in (emb, feature_norm, token_norm,
+                                                                                    fc, slots))
+            or K != (L + 1) * T or emb.shape[1] != T or features.shape[1] != L * T or features.stride(1) != 1
+            or slots.shape[1] != D):
+        return ref(features, last_token, emb, feature_norm, token_norm, fc, slots, eps)
+    G = slots.shape[0]
+    x = torch.empty(N, G + 1, D, dtype=dt, device=features.device)
+    KP = triton.next_power_of_2(K)
+    BN = max(1, min(16, TILE // KP))
+    use_pdl = pdl(features)
+    if N:
+        launch(_block_front_kernel, (triton.cdiv(D, BN), N), features, last_token.contiguous(), emb, feature_norm,
+               token_norm, fc, slots, x, D, features.stride(0), eps, G=G, L=L, T=T, KP=KP, BN=BN, PDL=use_pdl,
+               launch_pdl=use_pdl, num_warps=4, num_stages=1)
+    return x
+
+
+@triton.jit
 def _confidence_kernel(stats_ptr, state_ptr, wu_ptr, bu_ptr, wd_ptr, bd_ptr, out_ptr, P, eps, D: tl.constexpr,
                        C: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr, PP: tl.constexpr, PDL: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
@@ -313,8 +393,8 @@ def gather_rows(parts: list[torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
     return out
 
 
-# vocabulary entries an acceptance program compares at a time
-ACCEPT_BV = 4096
+# logits an acceptance program compares at a time (a [positions, vocabulary piece] tile)
+ACCEPT_TILE = 16384
 
 
 @triton.jit
@@ -327,21 +407,22 @@ def _accept_kernel(logits_ptr, drafts_ptr, keep_ptr, n_ptr, snap_ptr, packed_ptr
         gdc_wait()
     rl = tl.arange(0, LP)
     rv = tl.arange(0, BV)
+    rows = logits_ptr + (b * L + rl[:, None]).to(tl.int64) * V
+    # every position's argmax at once, the first of equal values (as torch.argmax): [LP, BV] tiles of all L rows,
+    # so the rows' loads are in flight together
     top = tl.zeros([LP], tl.int64)
-    for j in tl.static_range(L):  # each position's argmax, the first of equal values (as torch.argmax)
-        row = logits_ptr + (b * L + j) * V
-        best = tl.full([], float("-inf"), tl.float32)
-        arg = tl.zeros([], tl.int64)
-        v0 = 0
-        while v0 < V:  # (a while loop: the interpreter cannot bound a range by an argument)
-            x = tl.load(row + v0 + rv, mask=v0 + rv < V, other=float("-inf")).to(tl.float32)
-            m = tl.max(x, 0)
-            i = tl.min(tl.where(x == m, v0 + rv, V), 0).to(tl.int64)
-            take = m > best
-            arg = tl.where(take, i, arg)
-            best = tl.where(take, m, best)
-            v0 += BV
-        top = tl.where(rl == j, arg, top)
+    best = tl.full([LP], float("-inf"), tl.float32)
+    v0 = 0
+    while v0 < V:  # (a while loop: the interpreter cannot bound a range by an argument)
+        cols = v0 + rv
+        x = tl.load(rows + cols[None, :], mask=(rl[:, None] < L) & (cols[None, :] < V),
+                    other=float("-inf")).to(tl.float32)
+        m = tl.max(x, 1)
+        i = tl.min(tl.where(x == m[:, None], cols[None, :], V), 1).to(tl.int64)
+        take = m > best
+        top = tl.where(take, i, top)
+        best = tl.where(take, m, best)
+        v0 += BV
     rg = tl.arange(0, GP)
     drafts = tl.load(drafts_ptr + b * G + rg, mask=rg < G, other=-1)
     keep = tl.load(keep_ptr + b)
@@ -385,6 +466,7 @@ def accept_greedy(logits: torch.Tensor, drafts: torch.Tensor, keep: torch.Tensor
     if B:
         launch(_accept_kernel, (B,), logits.contiguous(), drafts.contiguous(), keep.contiguous(), n.contiguous(),
                snap_n.contiguous(), packed, commit, snaps, rows, fut, fcommit, at.contiguous(), V, G, L=L,
-               LP=triton.next_power_of_2(L), GP=triton.next_power_of_2(G), BV=min(ACCEPT_BV, triton.next_power_of_2(V)),
+               LP=triton.next_power_of_2(L), GP=triton.next_power_of_2(G),
+               BV=min(max(16, ACCEPT_TILE // triton.next_power_of_2(L)), triton.next_power_of_2(V)),
                PUBLISH=publish is not None, PDL=use_pdl, launch_pdl=use_pdl, num_warps=8, num_stages=1)
     return packed, commit, snaps, rows

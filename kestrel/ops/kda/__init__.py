@@ -55,6 +55,12 @@ def fold_layers(recs, conv_states, ssms, slots, commit, snapshots=None) -> None:
     them), elsewhere one fold over the layers stacked (reference.kda_fold_layers)."""
     if recs and kernel(__name__ + ".triton", "kda_fold", recs[0].x) is None:
         return reference.kda_fold_layers(recs, conv_states, ssms, slots, *_host_form(commit, snapshots))
+    # device integers in the kernels' int32 once, not once a layer (a conversion launched plainly between two
+    # layers' folds also breaks their chain of dependent launches)
+    if isinstance(commit, torch.Tensor):
+        commit = commit.to(torch.int32)
+    if isinstance(snapshots, tuple):
+        snapshots = tuple(t.to(torch.int32) for t in snapshots)
     for rec, conv, ssm in zip(recs, conv_states, ssms, strict=True):
         fold(rec, conv, ssm, slots, commit, snapshots)
 
