@@ -102,7 +102,7 @@ class SpecWorker:
         # the requests (in batch order) whose features and windows are the step graph's input rows 0..: the greedy
         # step graph writes its outputs there, and self.features / self.windows hold stale values for them until
         # _settle_resident copies them back
-        self._resident: tuple[str, ...] | None = None
+        self._resident: tuple | None = None  # (those requests, the graph's feature rows, its window rows)
         # `_host_ints`' column values of a padding row: a block that verifies and commits nothing on the scratch slot
         # and publishes to the futures' scratch entry
         self.pad_ints = [0, -1, 0, runner.mem.scratch_slot, 0, runner.mem.scratch_slot, runner.future_size, -1]
@@ -141,12 +141,12 @@ class SpecWorker:
         """Copy the step graph's input rows back into the per-request features and windows (their values after the
         last step launched; the copy is queued behind it) for the requests still served: before anything but a
         chained greedy step reads those, or another batch uses the rows."""
-        rids, self._resident = self._resident, None
-        if rids is None:
+        resident, self._resident = self._resident, None
+        if resident is None:
             return
-        g = self.step_graphs
-        feats = g.features[: len(rids)].clone()
-        windows = g.windows[: len(rids)].clone() if g.windows is not None else None
+        rids, rows, window_rows = resident
+        feats = rows[: len(rids)].clone()
+        windows = window_rows[: len(rids)].clone() if window_rows is not None else None
         for i, rid in enumerate(rids):
             if rid in self.features:  # (a request forgotten since has none)
                 self.features[rid] = feats[i]
@@ -420,7 +420,7 @@ class SpecWorker:
         rids = tuple(q.rid for q in b.reqs)
         # the same requests in the same order as the step before: the graph's input rows already hold their
         # features and windows (it writes its outputs there), so nothing is stacked in or copied out
-        chained = graphed and self._resident == rids and RESIDENT_FEATURES
+        chained = graphed and self._resident is not None and self._resident[0] == rids and RESIDENT_FEATURES
         if not chained:
             self._settle_resident()
         windows = self._windows(b) if self.lookup and not chained else None
@@ -429,7 +429,7 @@ class SpecWorker:
             packed = runner.run(feats, ints, table, windows)[0]
             self.window_bytes = self._window_row * B
             packed = BatchResult.pending(packed[:B])  # (a copy queued before the next replay overwrites it)
-            self._resident = rids
+            self._resident = (rids, runner.features, runner.windows)  # (the rows the graph writes)
         else:
             feats = torch.stack([self.features[q.rid] for q in b.reqs])
             # eager: blocks only as long as the longest (as the host path pads them)
