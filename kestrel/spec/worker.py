@@ -147,11 +147,17 @@ class SpecWorker:
         rids, rows, window_rows = resident
         feats = rows[: len(rids)].clone()
         windows = window_rows[: len(rids)].clone() if window_rows is not None else None
+        self._store(rids, feats, windows, known_only=True)  # (a request forgotten since has none)
+
+    def _store(self, rids, feats: torch.Tensor, windows: torch.Tensor | None, known_only: bool = False) -> None:
+        """Each request's next features (and context window) after a step: rows of feats (and windows) in order;
+        known_only: only for requests that still have features."""
         for i, rid in enumerate(rids):
-            if rid in self.features:  # (a request forgotten since has none)
-                self.features[rid] = feats[i]
-                if windows is not None:
-                    self.windows[rid] = windows[i]
+            if known_only and rid not in self.features:
+                continue
+            self.features[rid] = feats[i]
+            if windows is not None:
+                self.windows[rid] = windows[i]
 
     def _windows(self, b: Batch) -> list[torch.Tensor]:
         """The batch's context windows (an empty one for a request that has none)."""
@@ -246,10 +252,7 @@ class SpecWorker:
             self._publish(ints, r.to_device([a.tokens[-1] for a in results]), commit_t)
         if windows is not None:  # the accepted drafts (the last token, the next step's x0, is appended then)
             windows = context_lookup.append(windows, tokens, commit_t - 1)
-        for i, q in enumerate(b.reqs):
-            self.features[q.rid] = feats[i]
-            if windows is not None:
-                self.windows[q.rid] = windows[i]
+        self._store([q.rid for q in b.reqs], feats, windows)
         res = BatchResult(tokens=[a.tokens[-1] for a in results], spec_tokens=[a.tokens for a in results],
                           spec_drafted=keep, spec_snapshots=taken)
         self._account(b, bucket, planning, prune, commit, t_start, t_verify)
@@ -436,10 +439,7 @@ class SpecWorker:
             packed, feats, windows = self.greedy_step(feats, self.runner.to_device(ints), self.runner.to_device(table),
                                                       1 + max(keep), None if windows is None else torch.stack(windows))
             packed = BatchResult.pending(packed)
-            for i, q in enumerate(b.reqs):
-                self.features[q.rid] = feats[i]
-                if windows is not None:
-                    self.windows[q.rid] = windows[i]
+            self._store(rids, feats, windows)
         # the verify forward is not timed apart inside one graph: the profile's whole-block time stands for it
         t_verify = dict((L, full) for L, _, full in self.profile[bucket])[self.gamma + 1] if planning else 0.0
 

@@ -165,7 +165,8 @@ def decode_keys(keys: list[torch.Tensor]) -> torch.Tensor:
 
 @triton.jit
 def _block_front_kernel(f_ptr, tok_ptr, emb_ptr, fn_ptr, tn_ptr, w_ptr, slots_ptr, x_ptr, D, FS, eps,
-                        G: tl.constexpr, L: tl.constexpr, T: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr):
+                        G: tl.constexpr, L: tl.constexpr, T: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr,
+                        PDL: tl.constexpr):
     b = tl.program_id(1).to(tl.int64)
     K: tl.constexpr = (L + 1) * T
     rows, cols, w = _tile_then_wait(w_ptr, D, K, KP, BN, PDL)
@@ -196,8 +197,6 @@ def block_front(features: torch.Tensor, last_token: torch.Tensor, emb: torch.Ten
     """See reference.block_front: one program per row and tile of fc's outputs, each normalising the row's inputs
     itself (one launch, where the norms, the embedding lookup, the concatenations, the product and the slots' add
     took seven)."""
-    from kestrel.ops.dspark.reference import block_front as ref
-
     N = features.shape[0]
     L, T = feature_norm.shape
     D, K = fc.shape
@@ -206,6 +205,7 @@ def block_front(features: torch.Tensor, last_token: torch.Tensor, emb: torch.Ten
                                                                                     fc, slots))
             or K != (L + 1) * T or emb.shape[1] != T or features.shape[1] != L * T or features.stride(1) != 1
             or slots.shape[1] != D):
+        from kestrel.ops.dspark.reference import block_front as ref
         return ref(features, last_token, emb, feature_norm, token_norm, fc, slots, eps)
     G = slots.shape[0]
     x = torch.empty(N, G + 1, D, dtype=dt, device=features.device)
