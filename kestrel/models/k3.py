@@ -19,6 +19,7 @@ from kestrel.models.mla import MLAMixer
 from kestrel.models.moe import MoE, DenseFFN, activation
 from kestrel.ops import reference_ops
 from kestrel.ops.attn_res import attn_res, attn_res_settle
+from kestrel.ops import norm as norm_ops
 from kestrel.ops.norm import add_rms_norm
 
 
@@ -54,6 +55,10 @@ class DecoderLayer(nn.Module):
 
     def ffn(self, x: torch.Tensor, training: bool = False) -> torch.Tensor:
         return self.block_sparse_moe(x, training) if hasattr(self, "block_sparse_moe") else self.mlp(x)
+
+
+# off: the embedding lookup and the first layer's input norm as two ops (two launches on a GPU)
+FUSED_EMBED = True
 
 
 @dataclass
@@ -94,13 +99,23 @@ class K3Model(nn.Module):
         block = self.cfg.attn_res_block_size
         # partial sum P and bank B of completed block sums; without AttnRes, P is the plain residual stream.
         # `delta` is a sublayer output not yet added to P (added inside the next fused settle); P = None is zero.
-        partial = self.embed_tokens(fb.input_ids)
+        first = self.layers[0].input_layernorm
+        if FUSED_EMBED:  # the embeddings and the first layer's normed input (one kernel on a GPU)
+            partial, x = norm_ops.embed_rms_norm(fb.input_ids, self.embed_tokens.weight, first.weight, first.eps)
+        else:
+            partial = self.embed_tokens(fb.input_ids)
+            x = first(partial)
         delta = None
         bank: list[torch.Tensor] = []
         captured = {}
+        # a captured layer's output P + delta: the next settle writes it as its partial sum (no add of its own)
+        pending = None
         for l, layer in enumerate(self.layers):
-            attn_site = layer.attn_res if block and l > 0 else None
-            partial, x = self._settle(attn_site, layer.input_layernorm, bank, partial, delta)
+            if l:
+                partial, x = self._settle(layer.attn_res if block else None, layer.input_layernorm, bank, partial,
+                                          delta)
+            if pending is not None:
+                captured[pending], pending = partial, None
             if block and l % block == 0:
                 bank.append(partial)
                 partial = None
@@ -109,9 +124,10 @@ class K3Model(nn.Module):
                                       delta)
             delta = layer.ffn(y, fb.training)
             if l in fb.capture_layers:
-                partial, delta = partial + delta, None
-                captured[l] = partial
+                pending = l
         partial, h = self._settle(self.output_attn_res if block else None, self.norm, bank, partial, delta)
+        if pending is not None:
+            captured[pending] = partial
         return h, captured
 
     def fuse_projections(self) -> None:

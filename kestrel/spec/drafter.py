@@ -128,9 +128,7 @@ class SlotBlock(nn.Module):
         h = x
         qkv = linear_ops.linear_with(Prologue("rms", h, lambda: rms(h, eps, self.attn_norm), weight=self.attn_norm,
                                               eps=eps), self.qkv.weight)
-        q, k, v = qkv.view(N, S, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [N, H, S, hd]
-        x = linear_ops.linear(o.transpose(1, 2).reshape(N * S, D), self.o_proj.weight, add=x)
+        x = linear_ops.linear(dspark_ops.block_attention(qkv, self.heads, S), self.o_proj.weight, add=x)
         h = x
         gate, up = linear_ops.linear_with(Prologue("rms", h, lambda: rms(h, eps, self.mlp_norm),
                                                    weight=self.mlp_norm, eps=eps), self.gate_up.weight).chunk(2, -1)
@@ -460,8 +458,8 @@ class DSparkDrafter(nn.Module):
         calls launch about fourteen. On the CPU (the reference ops, propose's formulas) the same tokens as
         propose's loop, which stays the CPU's path: ~15% faster there without the ops' dispatch and the argmax
         keys. With first_confidence, also the first position's confidence ([B, 1]: the context lookup's gate): the
-        vocabulary projection's kernel also keeps each tile's largest two logits and exp-sum, and one more kernel
-        turns them and the position's state into the confidence (`ops.dspark.first_confidence`).
+        vocabulary projection's kernel also keeps each tile's largest two logits and exp-sum, and the last kernel (the
+        tokens' decode) also turns them and the position's state into the confidence (`ops.dspark.decode_keys`).
 
         With FOLD_GPU_HEAD (the default) the output norm's weight and projection are folded into the vocabulary
         projection (`folded_head`), whose kernel normalises the state itself: three kernels a position. The logits
@@ -481,13 +479,16 @@ class DSparkDrafter(nn.Module):
                 norm = Prologue("rms", s, lambda: rms(s, eps, self.out_norm), weight=self.out_norm, eps=eps)
                 h = norm.apply() if self.out_proj is None else linear_ops.linear_with(norm, self.out_proj.weight)
                 w, norm_eps = self.lm_head.weight, None
-            if first_confidence and i == 0:  # the head's tiles also keep what the peak needs: two launches
+            if first_confidence and i == 0:  # the head's tiles also keep what the peak needs
                 prev, stats = dspark_ops.head_keys(h, w, stats=True, eps=norm_eps)
-                conf = dspark_ops.first_confidence(stats, state, self.conf_up, self.conf_down, eps)
+                conf = (stats, state, self.conf_up, self.conf_down, eps)  # computed with the tokens, at the end
             else:
                 prev = dspark_ops.head_keys(h, w, eps=norm_eps)
             keys.append(prev)
-        return DraftOutput(dspark_ops.decode_keys(keys), None, conf)  # tokens [B, gamma]
+        if conf is None:
+            return DraftOutput(dspark_ops.decode_keys(keys), None, None)  # tokens [B, gamma]
+        tokens, conf = dspark_ops.decode_keys(keys, conf)
+        return DraftOutput(tokens, None, conf)
 
     # ---- checkpoints
     def save(self, path: str | Path, dtype: torch.dtype | None = torch.bfloat16) -> None:

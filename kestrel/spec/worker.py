@@ -193,7 +193,7 @@ class SpecWorker:
                 return self._run_greedy(b, list(b.max_drafts), bucket, planning, t_start)
         ints, table = self._host_ints(b, list(b.max_drafts))
         ints, table = r.to_device(ints), r.to_device(table)
-        x0, prefix = self._resolve(ints)
+        x0, prefix = self._resolve(ints)[:2]
         self._settle_resident()
         feats = torch.stack([self.features[q.rid] for q in b.reqs])
         windows = None
@@ -334,12 +334,14 @@ class SpecWorker:
         of the step's integers."""
         ints, table = self._host_ints(b, [n - 1 for n in lens])
         ints, table = self.runner.to_device(ints), self.runner.to_device(table)
-        return self._device_batch(ids, self._resolve(ints)[1], ints[1] + 1, table, ints[3], L or max(lens))
+        _, prefix, n, _ = self._resolve(ints)
+        return self._device_batch(ids, prefix, n, table, ints[3], L or max(lens))
 
-    def _resolve(self, ints: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each request's last committed token and prefix length on the device: a future reference reads the token
-        the batch in flight produces, and a chained row adds the steps that batch commits (`_host_ints`' ints)."""
-        return dspark_ops.resolve(ints[0], ints[2], ints[7], self.runner.future, self.runner.future_commit)
+    def _resolve(self, ints: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Each request's last committed token and prefix length on the device (a future reference reads the token
+        the batch in flight produces, and a chained row adds the steps that batch commits), its block's token count
+        and whether it is a real request (`_host_ints`' ints; one launch for all four)."""
+        return dspark_ops.resolve(ints[0], ints[2], ints[7], self.runner.future, self.runner.future_commit, ints[1])
 
     def _publish(self, ints: torch.Tensor, tokens: torch.Tensor, commit: torch.Tensor) -> None:
         """A step's last token and committed steps per request into the futures a chained step reads."""
@@ -384,12 +386,11 @@ class SpecWorker:
         L = L or G + 1
         _, keep, _, slots, snap_n, snap_slot = ints[:6]
         B = keep.shape[0]
-        x0, prefix = self._resolve(ints)
+        x0, prefix, n, real = self._resolve(ints)
         draft = self._draft(feats, x0, prefix, "first" if windows is not None else False)
         tokens = draft.tokens
         if windows is not None:
-            windows, tokens = self._lookup_drafts(windows, x0, draft, keep >= 0)
-        n = keep + 1
+            windows, tokens = self._lookup_drafts(windows, x0, draft, real)
         fb = self._device_batch(None, prefix, n, table, slots, L, x0, tokens)
         if LAZY_CPU_HEAD and r.device.type == "cpu":
             # on a CPU the LM head runs afterwards on the rows acceptance reads (accept_lazy), not on every block row

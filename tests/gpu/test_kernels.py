@@ -24,6 +24,11 @@ def test_norms(dtype):
     s1, n1 = K.add_rms_norm(x, r, w, 1e-5)
     s2, n2 = R.add_rms_norm(x, r, w, 1e-5)
     assert rel(s1, s2) < TOL[dtype] and rel(n1, n2) < TOL[dtype]
+    # the embedding lookup and the first norm in one kernel: the rows exact, the norm bit-equal to rms_norm's
+    table, ids = rnd(50, D, dtype=dtype), torch.tensor([3, 0, 49, 3, 17], device=DEV)
+    e1, z1 = K.embed_rms_norm(ids, table, w, 1e-5)
+    e2, z2 = R.embed_rms_norm(ids, table, w, 1e-5)
+    assert torch.equal(e1, e2) and torch.equal(z1, K.rms_norm(e2, w, 1e-5)) and rel(z1, z2) < TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -219,6 +224,14 @@ def test_mla_decode(dtype, page_size):
     o1, l1 = R.mla_decode_paged(ql, qr, kv, pt, lens, Rk, 0.07)
     o2, l2 = K.mla_decode_paged(ql, qr, kv, pt, lens, Rk, 0.07)
     assert rel(o2, o1) < TOL[dtype] and rel(l2, l1) < TOL[dtype]
+    # a verify block's form: query rows 2 b and 2 b + 1 read table row b in place (rows of a wider table), as the
+    # table repeated row by row reads it, each over its own key count
+    Bt = max(1, B // 2)
+    wide = torch.cat([pt, pt], 1)[:Bt, : pt.shape[1]]
+    lens2 = (lens[:Bt].repeat_interleave(2) - torch.tensor([0, 1] * Bt, device=DEV)).clamp_min(1)
+    o3, l3 = K.mla_decode_paged(ql[: 2 * Bt], qr[: 2 * Bt], kv, wide, lens2, Rk, 0.07, rows_per_table=2)
+    o4, l4 = R.mla_decode_paged(ql[: 2 * Bt], qr[: 2 * Bt], kv, pt[:Bt].repeat_interleave(2, 0), lens2, Rk, 0.07)
+    assert rel(o3, o4) < TOL[dtype] and rel(l3, l4) < TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -463,6 +476,11 @@ def test_dspark_head_stats_and_first_confidence(dtype):
     assert got.shape == want.shape == (B, 1) and got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5 if dtype == torch.float32 else 3e-2)
     assert float(want.std()) > 0.01  # the rows differ: a kernel reading one row for all would fail
+    # the same confidence computed by the tokens' decode launch, bit for bit, the tokens unchanged
+    more = [keys, K.head_keys(hs, w)]
+    with torch.no_grad():
+        toks, conf = K.decode_keys(more, (stats, state, up, down, 1e-5))
+    assert torch.equal(toks, K.decode_keys(more)) and torch.equal(conf, got)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -504,6 +522,30 @@ def test_dspark_block_front_and_decode_keys(dtype):
     assert torch.equal(out, vals.argmax(-1).t()) and int(out[0, 0]) == 5
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("S", [1, 5, 8])
+def test_dspark_block_attention(dtype, S):
+    """The drafter block's causal attention in one kernel against scaled_dot_product_attention on the same q, k, v:
+    per request, per head, causal (a later position's inputs change no earlier output, and another request's
+    nothing), read from a wider buffer's rows."""
+    from kestrel.ops.dspark import reference as R, triton as K
+    torch.manual_seed(5)
+    N, H, hd = 3, 4, 48
+    D = H * hd
+    wide = rnd(N * S, 3 * D + 24, dtype=dtype, scale=2.0)
+    qkv = wide[:, : 3 * D]  # rows 24 columns apart
+    got = K.block_attention(qkv, H, S)
+    want = R.block_attention(qkv.float(), H, S)
+    assert got.shape == (N * S, D) and got.dtype == dtype
+    assert rel(got, want) < TOL[dtype]
+    moved = qkv.clone()
+    moved.view(N, S, 3, D)[0, S - 1] += 1.0  # request 0's last position: its q, k and v
+    again = K.block_attention(moved, H, S).view(N, S, D)
+    got = got.view(N, S, D)
+    assert torch.equal(again[0, : S - 1], got[0, : S - 1]) and torch.equal(again[1:], got[1:])
+    assert not torch.equal(again[0, S - 1], got[0, S - 1])
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_dspark_step_inputs(page_size):
     """The speculative step's first ops as kernels against the torch formulation, exactly: each request's last token
@@ -520,8 +562,11 @@ def test_dspark_step_inputs(page_size):
     ref = torch.randint(-1, F, (B,), generator=g)
     prefix = torch.randint(0, page_size * width - L, (B,), generator=g)
     x0, ref, prefix = x0.to(DEV), ref.to(DEV), prefix.to(DEV)
-    got, want = K.resolve(x0, prefix, ref, future, commit), R.resolve(x0, prefix, ref, future, commit)
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    keep = torch.randint(-1, L, (B,), generator=g).to(DEV)
+    keep[0] = -1  # a padding row
+    got, want = K.resolve(x0, prefix, ref, future, commit, keep), R.resolve(x0, prefix, ref, future, commit, keep)
+    assert len(got) == 4 and all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(got, want))
+    assert torch.equal(got[2], keep + 1) and torch.equal(got[3], keep >= 0)
     want_x0 = want[0]
     assert bool((want[0] != x0).any()) and bool((want[1] != prefix).any())
     n = torch.randint(0, L + 1, (B,), generator=g).to(DEV)

@@ -155,16 +155,25 @@ def test_linear_row_grid_for_large_weights(dtype, M, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("M", [1, 3, 8])
 @pytest.mark.parametrize("whole_tile", [True, False])
-def test_linear_gemv(dtype, M, whole_tile, monkeypatch):
+@pytest.mark.parametrize("small_tile", [0, 4096])
+def test_linear_gemv(dtype, M, whole_tile, small_tile, monkeypatch):
     from kestrel.ops.linear import triton as K
     if not whole_tile:  # the K-streaming path
         monkeypatch.setattr(K, "PREFETCH_MAX", 0)
+    monkeypatch.setattr(K, "SMALL_TILE", small_tile)
     N, Kd = (40, 96) if SMALL else (3000, 2048)
     x, w = rnd(M, Kd, dtype=dtype), rnd(N, Kd, dtype=dtype, scale=Kd**-0.5)
     assert rel(K.linear(x, w), torch.nn.functional.linear(x.float(), w.float())) < TOL[dtype]
     # batch invariance: each row as a one-row launch computes it, whether the rows share programs or (a small
     # weight) each has its own
     small = w[: max(8, 1024 // Kd)].contiguous()
+    # a small weight of many short rows (an LM head's shape: wider tiles under SMALL_TILE)
+    heads = rnd(*((1024, 32) if SMALL else (4096, 256)), dtype=dtype, scale=0.1)
+    xs = rnd(M, heads.shape[1], dtype=dtype)
+    assert K._tile(*heads.shape)[0] == (4 if not small_tile else 8 if SMALL else 16)
+    assert rel(K.linear(xs, heads), torch.nn.functional.linear(xs.float(), heads.float())) < TOL[dtype]
+    for m in range(M):
+        assert torch.equal(K.linear(xs, heads)[m], K.linear(xs[m : m + 1], heads)[0])
     for weight in (w, small):
         y = K.linear(x, weight)
         for m in range(M):

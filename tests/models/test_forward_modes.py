@@ -283,3 +283,41 @@ def test_kmajor_cpu_layout_keeps_the_model(tiny64):
             assert w and all(p.t().is_contiguous() and not p.is_contiguous() for p in w)
     finally:
         eng.shutdown()
+
+
+@pytest.mark.parametrize("block", [None, 2])
+def test_captured_layers_are_the_stream_after_each_layer(block):
+    """A captured layer's output (the drafter's features) is the residual stream after that layer: without attention
+    residuals, the stream a model of only the first l + 1 layers normalises for its output; and capturing changes
+    no logit (the next sublayer's fused settle writes the captured sum; with AttnRes it is the block's partial sum)."""
+    from kestrel.models.k3 import K3ForCausalLM
+    from kestrel.models.presets import init_random, preset_config
+    from kestrel.ops.norm import reference as norm_ref
+
+    cfg = preset_config("k3-tiny", attn_res_block_size=block)
+    torch.manual_seed(0)
+    model = K3ForCausalLM(cfg, dtype=torch.float64).eval()
+    init_random(model, seed=1)
+    seq = tokens(11, 3)
+    layers = tuple(range(cfg.num_hidden_layers))
+
+    def forward(m, capture):
+        fb = ForwardBatch.full_sequences([seq])
+        fb.capture_layers = capture
+        with torch.no_grad():
+            return m(fb)
+
+    out = forward(model, layers)
+    assert torch.equal(out.logits, forward(model, ()).logits) and sorted(out.captured) == list(layers)
+    if block:
+        return
+    for l in layers:
+        n = l + 1
+        kinds = dict(kda_layers=tuple(i for i in cfg.kda_layers if i <= n),
+                     full_attn_layers=tuple(i for i in cfg.full_attn_layers if i <= n))
+        short = K3ForCausalLM(preset_config("k3-tiny", attn_res_block_size=None, num_hidden_layers=n, **kinds),
+                              dtype=torch.float64).eval()
+        short.load_state_dict(model.state_dict(), strict=False)
+        want = forward(short, ()).hidden
+        got = norm_ref.rms_norm(out.captured[l], model.model.norm.weight, cfg.rms_norm_eps)
+        assert rel_err(got, want) < 1e-12, l

@@ -22,9 +22,9 @@ def head_keys(h, w, stats: bool = False, eps: float | None = None):
     return fn(h, w, stats, eps)
 
 
-def decode_keys(keys):
+def decode_keys(keys, confidence=None):
     fn = _fast("decode_keys", keys[0], keys[0].shape[0]) or reference.decode_keys
-    return fn(keys)
+    return fn(keys, confidence)
 
 
 def block_front(features, last_token, emb, feature_norm, token_norm, fc, slots, eps: float):
@@ -32,14 +32,23 @@ def block_front(features, last_token, emb, feature_norm, token_norm, fc, slots, 
     return fn(features, last_token, emb, feature_norm, token_norm, fc, slots, eps)
 
 
+def block_attention(qkv, heads: int, S: int):
+    fn = (kernel(__name__ + ".triton", "block_attention", qkv) if BLOCK_ATTENTION else None) or reference.block_attention
+    return fn(qkv, heads, S)
+
+
+# off: the drafter block's attention through torch's scaled_dot_product_attention on a GPU too (cuDNN there)
+BLOCK_ATTENTION = True
+
+
 def first_confidence(stats, state, up, down, eps: float):
     fn = _fast("first_confidence", state, state.shape[0]) or reference.first_confidence
     return fn(stats, state, up, down, eps)
 
 
-def resolve(x0, prefix, ref, future, future_commit):
+def resolve(x0, prefix, ref, future, future_commit, keep):
     fn = kernel(__name__ + ".triton", "resolve", x0) or reference.resolve
-    return fn(x0, prefix, ref, future, future_commit)
+    return fn(x0, prefix, ref, future, future_commit, keep)
 
 
 def block_positions(prefix, n, table, page_size: int, scratch_page: int, L: int, x0=None, drafts=None):

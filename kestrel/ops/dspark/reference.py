@@ -55,9 +55,11 @@ def decode(keys: torch.Tensor) -> torch.Tensor:
     return LOW - (keys.amax(-1) & LOW)
 
 
-def decode_keys(keys: list[torch.Tensor]) -> torch.Tensor:
-    """Each drafted position's partial keys ([B, P] each, one tensor a position) -> tokens [B, positions] int64."""
-    return decode(torch.stack(keys, 1))
+def decode_keys(keys: list[torch.Tensor], confidence=None):
+    """Each drafted position's partial keys ([B, P] each, one tensor a position) -> tokens [B, positions] int64;
+    given the first position's confidence inputs (stats, state, up, down, eps), (tokens, first_confidence(...))."""
+    tokens = decode(torch.stack(keys, 1))
+    return tokens if confidence is None else (tokens, first_confidence(*confidence))
 
 
 def block_front(features: torch.Tensor, last_token: torch.Tensor, emb: torch.Tensor, feature_norm: torch.Tensor,
@@ -71,6 +73,15 @@ def block_front(features: torch.Tensor, last_token: torch.Tensor, emb: torch.Ten
     e = rms(emb[last_token], eps, token_norm)
     ctx = F.linear(torch.cat([f.flatten(1), e], -1), fc)  # [N, D]
     return torch.cat([ctx[:, None], ctx[:, None] + slots], 1)
+
+
+def block_attention(qkv: torch.Tensor, heads: int, S: int) -> torch.Tensor:
+    """The drafter block's causal self-attention over each request's S positions: qkv [N * S, 3 * D] (the fused
+    projection's output, q | k | v, heads side by side in each) -> [N * S, D], scale 1 / sqrt(head dim)."""
+    T, D = qkv.shape[0], qkv.shape[1] // 3
+    q, k, v = qkv.view(T // S, S, 3, heads, -1).permute(2, 0, 3, 1, 4)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [N, H, S, hd]
+    return o.transpose(1, 2).reshape(T, D)
 
 
 def prev_tokens(prev: torch.Tensor) -> torch.Tensor:
@@ -129,12 +140,13 @@ def first_confidence(stats: torch.Tensor, state: torch.Tensor, up: torch.nn.Line
 
 
 def resolve(x0: torch.Tensor, prefix: torch.Tensor, ref: torch.Tensor, future: torch.Tensor,
-            future_commit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            future_commit: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Each request's last committed token and prefix length on the device (the speculative step's first op):
     x0 < 0 is a future reference (-x0 - 1 indexes `future`, the token the batch in flight produces), and a row with
-    ref >= 0 adds the steps that batch commits (future_commit[ref]). All [B] int64."""
+    ref >= 0 adds the steps that batch commits (future_commit[ref]). With the drafts each block may keep (-1: a
+    padding row), also its token count keep + 1 and whether it is real (keep >= 0). All [B] int64 (real: bool)."""
     x0 = torch.where(x0 < 0, future[(-x0 - 1).clamp_min(0)], x0)
-    return x0, prefix + torch.where(ref >= 0, future_commit[ref.clamp_min(0)], 0)
+    return x0, prefix + torch.where(ref >= 0, future_commit[ref.clamp_min(0)], 0), keep + 1, keep >= 0
 
 
 def block_positions(prefix: torch.Tensor, n: torch.Tensor, table: torch.Tensor, page_size: int, scratch_page: int,

@@ -140,27 +140,55 @@ def head_keys(h: torch.Tensor, w: torch.Tensor, stats: bool = False, eps: float 
 
 
 @triton.jit
-def _decode_keys_kernel(keys, out_ptr, P, G: tl.constexpr, PP: tl.constexpr, PDL: tl.constexpr):
-    pdl_prologue(PDL)
+def _decode_keys_kernel(keys, out_ptr, P, stats_ptr, state_ptr, wu_ptr, bu_ptr, wd_ptr, bd_ptr, conf_ptr, SP, eps,
+                        G: tl.constexpr, PP: tl.constexpr, CONF: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
+                        KP: tl.constexpr, CP: tl.constexpr, SPP: tl.constexpr, PDL: tl.constexpr):
+    """Every drafted position's token from its partial keys; with CONF also the first position's confidence (the
+    confidence kernel's work, its parameters loaded before the wait)."""
     b = tl.program_id(0).to(tl.int64)
+    if PDL:
+        gdc_launch_dependents()
+    if CONF:
+        wu, bu, wd, bd = _confidence_weights(wu_ptr, bu_ptr, wd_ptr, bd_ptr, D, C, KP, CP)
+    if PDL:
+        gdc_wait()
     rp = tl.arange(0, PP)
     for i in tl.static_range(G):
         k = tl.load(keys[i] + b * P + rp, mask=rp < P, other=MIN_KEY)
         tl.store(out_ptr + b * G + i, _low() - (tl.max(k, 0) & _low()))
+    if CONF:
+        _confidence_row(b, stats_ptr, state_ptr, wu, bu, wd, bd, conf_ptr, SP, eps, D, C, KP, CP, SPP)
 
 
-def decode_keys(keys: list[torch.Tensor]) -> torch.Tensor:
+def decode_keys(keys: list[torch.Tensor], confidence=None):
     """See reference.decode_keys: one program a row reads every position's keys (one launch, where the stack and
-    the decode's reduction and arithmetic took four)."""
+    the decode's reduction and arithmetic took four); given the first position's confidence inputs (stats, state,
+    up, down, eps), the same launch also computes that confidence (first_confidence's kernel, one boundary fewer on
+    the drafting chain) and (tokens, confidence) is returned."""
     B, P = keys[0].shape
     if any(k.shape != (B, P) or k.dtype != torch.int64 or not k.is_contiguous() for k in keys):
         from kestrel.ops.dspark.reference import decode_keys as ref
-        return ref(keys)
+        return ref(keys, confidence)
+    if confidence is not None and not _confidence_ok(*confidence):
+        from kestrel.ops.dspark.reference import first_confidence as ref
+        return decode_keys(keys), ref(*confidence)
     out = torch.empty(B, len(keys), dtype=torch.int64, device=keys[0].device)
+    use_pdl = pdl(keys[0])
+    if confidence is None:
+        if B:
+            launch(_decode_keys_kernel, (B,), tuple(keys), out, P, out, out, out, out, out, out, out, 0, 0.0,
+                   G=len(keys), PP=triton.next_power_of_2(P), CONF=False, D=1, C=1, KP=1, CP=1, SPP=1, PDL=use_pdl,
+                   launch_pdl=use_pdl, num_warps=1, num_stages=1)
+        return out
+    stats, state, up, down, eps = confidence
+    D, C, SP = state.shape[1], up.weight.shape[0], stats.shape[1]
+    conf = torch.empty(B, 1, dtype=torch.float32, device=state.device)
     if B:
-        _decode_keys_kernel[(B,)](tuple(keys), out, P, G=len(keys), PP=triton.next_power_of_2(P), num_warps=1,
-                                  **pdl_args(keys[0]))
-    return out
+        launch(_decode_keys_kernel, (B,), tuple(keys), out, P, stats.contiguous(), state.contiguous(), up.weight,
+               up.bias, down.weight.contiguous(), down.bias, conf, SP, eps, G=len(keys), PP=triton.next_power_of_2(P),
+               CONF=True, D=D, C=C, KP=triton.next_power_of_2(D + 2), CP=triton.next_power_of_2(C),
+               SPP=triton.next_power_of_2(SP), PDL=use_pdl, launch_pdl=use_pdl, num_warps=8, num_stages=1)
+    return out, conf
 
 
 @triton.jit
@@ -192,6 +220,48 @@ def _block_front_kernel(f_ptr, tok_ptr, emb_ptr, fn_ptr, tn_ptr, w_ptr, slots_pt
         tl.store(out + (i + 1) * D, (cf + s).to(dt), mask=keep)
 
 
+@triton.jit
+def _block_attention_kernel(qkv_ptr, o_ptr, S, D, HD, stride_qkv, scale, SP: tl.constexpr, HP: tl.constexpr,
+                            PDL: tl.constexpr):
+    """One program per (request, head): the whole [S, S] causal score tile in registers, fp32 throughout."""
+    pdl_prologue(PDL)
+    n = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    rs = tl.arange(0, SP)
+    rd = tl.arange(0, HP)
+    on = (rs[:, None] < S) & (rd[None, :] < HD)
+    at = qkv_ptr + (n * S + rs[:, None]) * stride_qkv + h * HD + rd[None, :]
+    q = tl.load(at, mask=on, other=0.0).to(tl.float32)
+    k = tl.load(at + D, mask=on, other=0.0).to(tl.float32)
+    v = tl.load(at + 2 * D, mask=on, other=0.0).to(tl.float32)
+    s = tl.sum(q[:, None, :] * k[None, :, :], 2) * scale  # [query, key]
+    s = tl.where((rs[None, :] <= rs[:, None]) & (rs[None, :] < S), s, -float("inf"))
+    p = tl.exp(s - tl.max(s, 1)[:, None])
+    p = p / tl.sum(p, 1)[:, None]
+    o = tl.sum(p[:, :, None] * v[None, :, :], 1)  # [query, head dim]
+    tl.store(o_ptr + (n * S + rs[:, None]) * D + h * HD + rd[None, :], o.to(o_ptr.dtype.element_ty), mask=on)
+
+
+# the largest [S, S, head dim] product (padded to powers of two) the attention kernel holds; larger blocks: torch
+ATTENTION_MAX = 32768
+
+
+def block_attention(qkv: torch.Tensor, heads: int, S: int) -> torch.Tensor:
+    """See reference.block_attention: one program per request and head, launched under PDL (cuDNN's attention is
+    a plain launch with a memset before it, which breaks the step's chain of dependent launches twice a step)."""
+    T, D = qkv.shape[0], qkv.shape[1] // 3
+    HD = D // heads
+    SP, HP = triton.next_power_of_2(S), triton.next_power_of_2(HD)
+    if qkv.stride(1) != 1 or SP * SP * HP > ATTENTION_MAX or qkv.dtype == torch.float64:
+        from kestrel.ops.dspark.reference import block_attention as ref
+        return ref(qkv, heads, S)
+    o = torch.empty(T, D, dtype=qkv.dtype, device=qkv.device)
+    if T:
+        launch(_block_attention_kernel, (T // S, heads), qkv, o, S, D, HD, qkv.stride(0), HD ** -0.5, SP=SP, HP=HP,
+               num_warps=4, num_stages=1, **pdl_args(qkv))
+    return o
+
+
 def block_front(features: torch.Tensor, last_token: torch.Tensor, emb: torch.Tensor, feature_norm: torch.Tensor,
                 token_norm: torch.Tensor, fc: torch.Tensor, slots: torch.Tensor, eps: float) -> torch.Tensor:
     """See reference.block_front: one program per row and tile of fc's outputs, each normalising the row's inputs
@@ -220,20 +290,25 @@ def block_front(features: torch.Tensor, last_token: torch.Tensor, emb: torch.Ten
 
 
 @triton.jit
-def _confidence_kernel(stats_ptr, state_ptr, wu_ptr, bu_ptr, wd_ptr, bd_ptr, out_ptr, P, eps, D: tl.constexpr,
-                       C: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr, PP: tl.constexpr, PDL: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
+def _confidence_weights(wu_ptr, bu_ptr, wd_ptr, bd_ptr, D: tl.constexpr, C: tl.constexpr, KP: tl.constexpr,
+                        CP: tl.constexpr):
+    """The confidence head's parameters (loaded before a PDL wait: no kernel in flight writes them)."""
     K: tl.constexpr = D + 2
     rc = tl.arange(0, CP)
     rk = tl.arange(0, KP)
-    if PDL:  # the head's weights before the wait (parameters)
-        gdc_launch_dependents()
     wu = tl.load(wu_ptr + rc[:, None] * K + rk[None, :], mask=(rc[:, None] < C) & (rk[None, :] < K), other=0.0)
     bu = tl.load(bu_ptr + rc, mask=rc < C, other=0.0).to(tl.float32)
     wd = tl.load(wd_ptr + rc, mask=rc < C, other=0.0).to(tl.float32)
     bd = tl.load(bd_ptr).to(tl.float32)
-    if PDL:
-        gdc_wait()
+    return wu, bu, wd, bd
+
+
+@triton.jit
+def _confidence_row(b, stats_ptr, state_ptr, wu, bu, wd, bd, out_ptr, P, eps, D: tl.constexpr, C: tl.constexpr,
+                    KP: tl.constexpr, CP: tl.constexpr, PP: tl.constexpr):
+    """Row b's first-position confidence from its head stats and state (reference.first_confidence)."""
+    rc = tl.arange(0, CP)
+    rk = tl.arange(0, KP)
     # the peak (reference.peak): the largest two of the tiles' largest two, logsumexp from the tiles' sums
     rp = tl.arange(0, PP)
     on = rp < P
@@ -259,15 +334,35 @@ def _confidence_kernel(stats_ptr, state_ptr, wu_ptr, bu_ptr, wd_ptr, bd_ptr, out
     tl.store(out_ptr + b, tl.sigmoid(z))
 
 
-def first_confidence(stats: torch.Tensor, state: torch.Tensor, up, down, eps: float) -> torch.Tensor:
-    """See reference.first_confidence: one program per row (fp64, or a head without biases, goes to the reference)."""
+@triton.jit
+def _confidence_kernel(stats_ptr, state_ptr, wu_ptr, bu_ptr, wd_ptr, bd_ptr, out_ptr, P, eps, D: tl.constexpr,
+                       C: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr, PP: tl.constexpr, PDL: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    if PDL:  # the head's weights before the wait (parameters)
+        gdc_launch_dependents()
+    wu, bu, wd, bd = _confidence_weights(wu_ptr, bu_ptr, wd_ptr, bd_ptr, D, C, KP, CP)
+    if PDL:
+        gdc_wait()
+    _confidence_row(b, stats_ptr, state_ptr, wu, bu, wd, bd, out_ptr, P, eps, D, C, KP, CP, PP)
+
+
+def _confidence_ok(stats: torch.Tensor, state: torch.Tensor, up, down, eps: float) -> bool:
+    """Whether the confidence kernels serve these inputs (fp64, or a head without biases, goes to the reference)."""
     if state.dtype == torch.float64 or up.bias is None or down.bias is None:
+        return False
+    D, C = state.shape[1], up.weight.shape[0]
+    assert up.weight.shape[1] == D + 2 and down.weight.shape == (1, C) and up.weight.is_contiguous()
+    return True
+
+
+def first_confidence(stats: torch.Tensor, state: torch.Tensor, up, down, eps: float) -> torch.Tensor:
+    """See reference.first_confidence: one program per row."""
+    if not _confidence_ok(stats, state, up, down, eps):
         from kestrel.ops.dspark.reference import first_confidence as ref
         return ref(stats, state, up, down, eps)
     B, D = state.shape
     C = up.weight.shape[0]
     P = stats.shape[1]
-    assert up.weight.shape[1] == D + 2 and down.weight.shape == (1, C) and up.weight.is_contiguous()
     out = torch.empty(B, 1, dtype=torch.float32, device=state.device)
     use_pdl = pdl(state)
     if B:
@@ -279,11 +374,14 @@ def first_confidence(stats: torch.Tensor, state: torch.Tensor, up, down, eps: fl
 
 
 @triton.jit
-def _resolve_kernel(x0_ptr, prefix_ptr, ref_ptr, future_ptr, commit_ptr, x0_out, prefix_out, B, BP: tl.constexpr,
-                    PDL: tl.constexpr):
+def _resolve_kernel(x0_ptr, prefix_ptr, ref_ptr, future_ptr, commit_ptr, keep_ptr, x0_out, prefix_out, n_out, real_out,
+                    B, BP: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     i = tl.arange(0, BP)
     on = i < B
+    keep = tl.load(keep_ptr + i, mask=on, other=-1)
+    tl.store(n_out + i, keep + 1, mask=on)
+    tl.store(real_out + i, (keep >= 0).to(tl.int8), mask=on)
     x0 = tl.load(x0_ptr + i, mask=on, other=0)
     ref = tl.load(ref_ptr + i, mask=on, other=-1)
     fut = tl.load(future_ptr + tl.maximum(-x0 - 1, 0), mask=on & (x0 < 0), other=0)
@@ -293,17 +391,19 @@ def _resolve_kernel(x0_ptr, prefix_ptr, ref_ptr, future_ptr, commit_ptr, x0_out,
 
 
 def resolve(x0: torch.Tensor, prefix: torch.Tensor, ref: torch.Tensor, future: torch.Tensor,
-            future_commit: torch.Tensor):
+            future_commit: torch.Tensor, keep: torch.Tensor):
     """See reference.resolve: one program (int64 rows of any B)."""
-    if any(t.dtype != torch.int64 for t in (x0, prefix, ref, future, future_commit)):
+    if any(t.dtype != torch.int64 for t in (x0, prefix, ref, future, future_commit, keep)):
         from kestrel.ops.dspark.reference import resolve as ref_resolve
-        return ref_resolve(x0, prefix, ref, future, future_commit)
+        return ref_resolve(x0, prefix, ref, future, future_commit, keep)
     B = x0.shape[0]
-    x0_out, prefix_out = torch.empty_like(x0), torch.empty_like(prefix)
+    x0_out, prefix_out, n = torch.empty_like(x0), torch.empty_like(prefix), torch.empty_like(keep)
+    real = torch.empty(B, dtype=torch.bool, device=x0.device)
     if B:
-        _resolve_kernel[(1,)](x0.contiguous(), prefix.contiguous(), ref.contiguous(), future, future_commit, x0_out,
-                              prefix_out, B, BP=triton.next_power_of_2(B), num_warps=4, **pdl_args(x0))
-    return x0_out, prefix_out
+        _resolve_kernel[(1,)](x0.contiguous(), prefix.contiguous(), ref.contiguous(), future, future_commit,
+                              keep.contiguous(), x0_out, prefix_out, n, real.view(torch.int8), B,
+                              BP=triton.next_power_of_2(B), num_warps=4, **pdl_args(x0))
+    return x0_out, prefix_out, n, real
 
 
 @triton.jit

@@ -55,12 +55,15 @@ def fold_layers(recs, conv_states, ssms, slots, commit, snapshots=None) -> None:
     them), elsewhere one fold over the layers stacked (reference.kda_fold_layers)."""
     if recs and kernel(__name__ + ".triton", "kda_fold", recs[0].x) is None:
         return reference.kda_fold_layers(recs, conv_states, ssms, slots, *_host_form(commit, snapshots))
-    # device integers in the kernels' int32 once, not once a layer (a conversion launched plainly between two
-    # layers' folds also breaks their chain of dependent launches)
+    # device integers the kernels read (int32 or int64) converted once, not once a layer (a conversion launched
+    # plainly between two layers' folds also breaks their chain of dependent launches); most need none
+    def ints(t):
+        return t if t.dtype in (torch.int32, torch.int64) else t.to(torch.int32)
+
     if isinstance(commit, torch.Tensor):
-        commit = commit.to(torch.int32)
+        commit = ints(commit)
     if isinstance(snapshots, tuple):
-        snapshots = tuple(t.to(torch.int32) for t in snapshots)
+        snapshots = tuple(ints(t) for t in snapshots)
     for rec, conv, ssm in zip(recs, conv_states, ssms, strict=True):
         fold(rec, conv, ssm, slots, commit, snapshots)
 

@@ -299,9 +299,15 @@ def _checked(x, conv_state, ssm):
     return H, K, V
 
 
+INT_DTYPES = (torch.int32, torch.int64)
+
+
 def _device_ints(v, device) -> torch.Tensor:
-    """A per-sequence int list (or tensor) as an int32 device tensor (a tensor stays put: graph replays)."""
+    """A per-sequence int list (or tensor) as an int32 device tensor (a tensor stays put: graph replays; the
+    kernels read int64 ones as they are)."""
     if isinstance(v, torch.Tensor):
+        if v.dtype in INT_DTYPES and v.device == torch.device(device):
+            return v
         return v.to(device=device, dtype=torch.int32)
     return torch.tensor(v, dtype=torch.int32, device=device)
 

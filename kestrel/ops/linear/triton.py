@@ -170,10 +170,21 @@ ROWS = (4, 8)
 PREFETCH_MAX = 16384
 
 
+# a small weight with many short rows takes tiles of up to this many elements (more rows a program, at least
+# SMALL_TILE_MIN_TILES tiles): fewer programs for a verify block's rows, each row in its own programs; 0: off.
+# The tile depends on the weight's shape alone, so a row computes the same whatever rows come with it.
+SMALL_TILE = 8192
+SMALL_TILE_MIN_TILES = 128
+
+
 def _tile(N: int, K: int) -> tuple[int, int, int]:
     """(rows per program, K step, whole-tile width or 0)."""
     BN, BK = TILE or (ROWS[N > 4096], 512)
     KP = triton.next_power_of_2(K)
+    if TILE is None and SMALL_TILE and N * K <= dispatch.SMALL_WEIGHT:
+        wide = min(SMALL_TILE // KP, N // SMALL_TILE_MIN_TILES)
+        if wide > BN:
+            BN = 1 << (wide.bit_length() - 1)
     return BN, min(BK, KP), KP if TILE is None and BN * KP <= PREFETCH_MAX else 0
 
 

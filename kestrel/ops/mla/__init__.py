@@ -25,14 +25,13 @@ def decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank: i
 def verify_paged(q_lat, q_rope, kv_buffer, page_table, key_lens, kv_lora_rank: int, scale: float):
     """Absorbed-form attention of B speculative blocks of L tokens (q_lat [B * L, H, R]) over the paged cache,
     block b's tokens through page_table row b, token t over its first key_lens[t] keys: out_lat [B * L, H, R].
-    On CUDA the decode kernel per token (the table expanded to one row per token); elsewhere the block form,
+    On CUDA the decode kernel per token (each reading its block's table row in place); elsewhere the block form,
     which gathers each block's keys once."""
     fn = kernel(__name__ + ".triton", "mla_decode_paged", q_lat)
     if fn is None:
         return reference.mla_verify_paged(q_lat, q_rope, kv_buffer, page_table, key_lens, kv_lora_rank, scale)
     B, T = page_table.shape[0], q_lat.shape[0]
-    table = page_table.unsqueeze(1).expand(B, T // B, page_table.shape[1]).reshape(T, -1)
-    return fn(q_lat, q_rope, kv_buffer, table, key_lens, kv_lora_rank, scale)[0]
+    return fn(q_lat, q_rope, kv_buffer, page_table, key_lens, kv_lora_rank, scale, rows_per_table=T // B)[0]
 
 
 def store_latent(kv_a, weight, eps: float, rank: int, kv_buffer, loc):

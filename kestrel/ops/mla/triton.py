@@ -17,7 +17,7 @@ NUM_SMS = 132
 
 @triton.jit
 def _decode_split_kernel(ql_ptr, qr_ptr, kv_ptr, pt_ptr, sl_ptr, mo_ptr, ml_ptr,
-                         H, R, DR, D, PS, MAXP, NS, scale, stride_page, stride_tok, stride_qrb, stride_qrh,
+                         H, R, DR, D, PS, TPR, stride_pt, NS, scale, stride_page, stride_tok, stride_qrb, stride_qrh,
                          BH: tl.constexpr, BR: tl.constexpr, BDR: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
                          PDL: tl.constexpr):
     pdl_prologue(PDL)
@@ -44,7 +44,7 @@ def _decode_split_kernel(ql_ptr, qr_ptr, kv_ptr, pt_ptr, sl_ptr, mo_ptr, ml_ptr,
     while n < end:
         pos = n + rn
         ok = pos < end
-        page = tl.load(pt_ptr + b * MAXP + pos // PS, mask=ok, other=0).to(tl.int64)
+        page = tl.load(pt_ptr + (b // TPR) * stride_pt + pos // PS, mask=ok, other=0).to(tl.int64)
         row = page * stride_page + (pos % PS) * stride_tok
         c = tl.load(kv_ptr + row[:, None] + rr[None, :], mask=ok[:, None] & (rr[None, :] < R), other=0.0).to(dt)
         kr = tl.load(kv_ptr + row[:, None] + R + rd[None, :], mask=ok[:, None] & (rd[None, :] < DR), other=0.0).to(dt)
@@ -92,10 +92,15 @@ def num_splits(batch: int, head_blocks: int, max_tokens: int) -> int:
     return int(max(1, min(64, triton.cdiv(max_tokens, 32), (2 * NUM_SMS) // max(1, batch * head_blocks))))
 
 
-def mla_decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank: int, scale: float):
-    """See reference.mla_decode_paged. Returns out_lat [B, H, R] in q_lat's dtype and lse [B, H] fp32."""
+def mla_decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank: int, scale: float,
+                     rows_per_table: int = 1):
+    """See reference.mla_decode_paged. Returns out_lat [B, H, R] in q_lat's dtype and lse [B, H] fp32.
+    rows_per_table: query rows b read page-table row b // rows_per_table (a verify block's tokens share their
+    request's row, read in place)."""
     if q_lat.dtype == torch.float64:
         from kestrel.ops.mla.reference import mla_decode_paged as ref
+        if rows_per_table > 1:
+            page_table = page_table.repeat_interleave(rows_per_table, 0)
         return ref(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank, scale)
     B, H, R = q_lat.shape
     DR = q_rope.shape[-1]
@@ -106,6 +111,8 @@ def mla_decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_ran
     HB = triton.cdiv(H, BH)
     MAXP = page_table.shape[1]
     NS = num_splits(B, HB, MAXP * PS)
+    if page_table.stride(1) != 1:
+        page_table = page_table.contiguous()
     dev = q_lat.device
     mo = torch.empty(B, H, NS, R, dtype=torch.float32, device=dev)
     ml = torch.empty(B, H, NS, dtype=torch.float32, device=dev)
@@ -118,8 +125,8 @@ def mla_decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_ran
     # q_rope is read in place (it is usually the last columns of q): only its rows need not be contiguous
     q_rope = q_rope if q_rope.stride(-1) == 1 else q_rope.contiguous()
     _decode_split_kernel[(B, HB, NS)](
-        q_lat.contiguous(), q_rope, kv_buffer, page_table.contiguous(), seq_lens, mo, ml,
-        H, R, DR, D, PS, MAXP, NS, float(scale), kv_buffer.stride(0), kv_buffer.stride(1), q_rope.stride(0),
+        q_lat.contiguous(), q_rope, kv_buffer, page_table, seq_lens, mo, ml,
+        H, R, DR, D, PS, rows_per_table, page_table.stride(0), NS, float(scale), kv_buffer.stride(0), kv_buffer.stride(1), q_rope.stride(0),
         q_rope.stride(1), BH=BH, BR=BR, BDR=max(16, triton.next_power_of_2(DR)),
         BN=32 if BR >= 512 else 64, PREC=prec, num_warps=8 if BR >= 512 else 4, num_stages=2, **pdl_args(kv_buffer))
     _decode_combine_kernel[(B * H,)](mo, ml, out, lse, R, NS, BR=BR, BS=max(2, triton.next_power_of_2(NS)),

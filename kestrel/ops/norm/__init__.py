@@ -14,6 +14,12 @@ def gated_rms_norm(x, gate, weight, eps: float):
     return fn(x, gate, weight, eps)
 
 
+def embed_rms_norm(ids, table, weight, eps: float):
+    """(table[ids], rms_norm(table[ids])) in one kernel on GPU."""
+    fn = kernel(__name__ + ".triton", "embed_rms_norm", table) or reference.embed_rms_norm
+    return fn(ids, table, weight, eps)
+
+
 def add_rms_norm(x, residual, weight, eps: float):
     """(x + residual, rms_norm(x + residual)) in one pass on GPU."""
     fn = kernel(__name__ + ".triton", "add_rms_norm", x) or reference.add_rms_norm

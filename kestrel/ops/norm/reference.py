@@ -23,6 +23,12 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     return (y * torch.sigmoid(gate.to(dt))).to(x.dtype)
 
 
+def embed_rms_norm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float):
+    """(e, rms_norm(e, weight, eps)) with e = table[ids]: the embedding lookup fused with the first pre-norm."""
+    e = F.embedding(ids, table)
+    return e, rms_norm(e, weight, eps)
+
+
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
     """(s, rms_norm(s, weight, eps)) with s = x + residual: the residual add fused with the next pre-norm."""
     s = x + residual

@@ -51,6 +51,37 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 
 
 @triton.jit
+def _embed_rms_norm_kernel(ids_ptr, table_ptr, w_ptr, e_ptr, out_ptr, D, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """_rms_norm_kernel of the table's row ids[row], that row also copied out."""
+    pdl_prologue(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < D
+    x = tl.load(table_ptr + tl.load(ids_ptr + row).to(tl.int64) * D + offs, mask=mask, other=0.0)
+    tl.store(e_ptr + row * D + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / D + eps)
+    y = (xf * r).to(x.dtype).to(tl.float32) * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * D + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def embed_rms_norm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float):
+    """See reference.embed_rms_norm: the first layer's input in one launch, where the lookup and the norm took two
+    (the norm's roundings, so bit-equal to rms_norm of the lookup)."""
+    if table.dtype == torch.float64 or not table.is_contiguous() or ids.dim() != 1:
+        from kestrel.ops.norm.reference import embed_rms_norm as ref
+        return ref(ids, table, weight, eps)
+    T, D = ids.shape[0], table.shape[1]
+    e = torch.empty(T, D, dtype=table.dtype, device=table.device)
+    out = torch.empty(T, D, dtype=torch.promote_types(weight.dtype, table.dtype), device=table.device)
+    BLOCK = triton.next_power_of_2(D)
+    if T:
+        _embed_rms_norm_kernel[(T,)](ids.contiguous(), table, weight, e, out, D, eps, BLOCK=BLOCK,
+                                     num_warps=_warps(BLOCK), **pdl_args(table))
+    return e, out
+
+
+@triton.jit
 def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, out_ptr, D, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
