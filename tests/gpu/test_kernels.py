@@ -94,16 +94,17 @@ def test_kda_decode(dtype, lower_bound, logits):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
 @pytest.mark.parametrize("logits", [False, True])
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_kda_verify_and_fold(dtype, lower_bound, logits, prefetch, monkeypatch):
+@pytest.mark.parametrize("prefetch,tail_in_recur", [(False, True), (True, True), (True, False)])
+def test_kda_verify_and_fold(dtype, lower_bound, logits, prefetch, tail_in_recur, monkeypatch):
     """The Triton verify against the reference verify; the Triton fold against the reference fold; and ReplaySSM's
     invariant on the kernels themselves: verify + fold of any accepted prefix leaves the conv tail and the state
     bit-identical to decoding those tokens one by one with the decode kernel (snapshots inside the window too).
     The recurrence over a block's steps as a loop, and unrolled with each step's inputs loaded a step ahead (with
     the block's rows strided, as columns of a wider projection output, which the verify reads in place); the steps
-    past a block's length output zeros."""
+    past a block's length output zeros. The fold's conv tails in the recurrence's launch and in their own."""
     from kestrel.ops.kda import reference as R, triton as K
     monkeypatch.setattr(K, "RECUR_PREFETCH", prefetch)
+    monkeypatch.setattr(K, "FOLD_TAIL_IN_RECUR", tail_in_recur)
     monkeypatch.setattr(K, "RECUR_PREFETCH_MAX_K", 1 << 20)
     B, H, Kd, W, S, L = (3, 2, 16, 4, 12, 5) if SMALL else (9, 16, 128, 4, 30, 8)
     C = 3 * H * Kd

@@ -193,15 +193,18 @@ def _step_inputs(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, row, rk, rv, K: tl.conste
 
 @triton.jit
 def _kda_recur_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slots_ptr, n_ptr, snap_n_ptr, snap_slot_ptr,
-                      H, stride_ssm, L: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                      H, stride_ssm, x_ptr, conv_ptr, stride_xb, stride_xt, stride_conv, NVB, TAILS,
+                      L: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
                       ALL_STEPS: tl.constexpr, HAS_OUT: tl.constexpr, WRITE_STATE: tl.constexpr,
-                      HAS_SNAP: tl.constexpr, EARLY: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
+                      HAS_SNAP: tl.constexpr, EARLY: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr,
+                      W: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, PDL: tl.constexpr):
     """The recurrence of block b, head h, columns [vb * BV, (vb + 1) * BV) over its first n[b] stored steps (all L
     with ALL_STEPS), from its state slot. HAS_OUT writes o per step (zeros for the steps past n[b]); WRITE_STATE
     writes the state back; HAS_SNAP also stores the state after snap_n[b] steps into slot snap_slot[b]. EARLY (see
     EARLY_STATE): the state is read before the wait. PREFETCH (see RECUR_PREFETCH): the steps unrolled, each step's
     inputs loaded before the step before it runs (steps past n[b] are loaded too: a block's record holds real
-    inputs there)."""
+    inputs there). TAIL (the fold): programs vb >= NVB do the fold's conv tails instead (_fold_tail: channel block
+    h * TAILS + vb - NVB), beside the recurrence in the same launch (they touch none of its data)."""
     if PDL:
         gdc_launch_dependents()
         if not EARLY:
@@ -209,6 +212,29 @@ def _kda_recur_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slot
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     vb = tl.program_id(2)
+    if TAIL:
+        if vb >= NVB:
+            if PDL:
+                if EARLY:
+                    gdc_wait()
+            _fold_tail(b, h * TAILS + vb - NVB, x_ptr, conv_ptr, slots_ptr, n_ptr, snap_n_ptr, snap_slot_ptr, H,
+                       stride_xb, stride_xt, stride_conv, K, V, W, BW, BC, HAS_SNAP)
+        else:
+            _recur_body(b, h, vb, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slots_ptr, n_ptr, snap_n_ptr,
+                        snap_slot_ptr, H, stride_ssm, L, K, V, BV, ALL_STEPS, HAS_OUT, WRITE_STATE, HAS_SNAP, EARLY,
+                        PREFETCH, PDL)
+    else:
+        _recur_body(b, h, vb, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slots_ptr, n_ptr, snap_n_ptr,
+                    snap_slot_ptr, H, stride_ssm, L, K, V, BV, ALL_STEPS, HAS_OUT, WRITE_STATE, HAS_SNAP, EARLY,
+                    PREFETCH, PDL)
+
+
+@triton.jit
+def _recur_body(b, h, vb, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slots_ptr, n_ptr, snap_n_ptr,
+                snap_slot_ptr, H, stride_ssm, L: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                ALL_STEPS: tl.constexpr, HAS_OUT: tl.constexpr, WRITE_STATE: tl.constexpr, HAS_SNAP: tl.constexpr,
+                EARLY: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
+    """_kda_recur_kernel's recurrence (its program's block, head and column block)."""
     slot = tl.load(slots_ptr + b).to(tl.int64)
     rk = tl.arange(0, K)
     rv = vb * BV + tl.arange(0, BV)
@@ -266,12 +292,19 @@ def _kda_recur_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slot
 def _kda_tail_kernel(x_ptr, conv_ptr, slots_ptr, n_ptr, snap_n_ptr, snap_slot_ptr, H, stride_xb, stride_xt, stride_conv,
                      L: tl.constexpr, K: tl.constexpr, V: tl.constexpr, W: tl.constexpr, BW: tl.constexpr,
                      BC: tl.constexpr, HAS_SNAP: tl.constexpr, PDL: tl.constexpr):
-    """The fold's conv tails: block b's tail becomes window rows n .. n + W - 2 of [tail, x_b] (rows 1 .. W - 1 of
-    step n - 1's window); with HAS_SNAP, rows snap_n .. into slot snap_slot. One program per (block, channel
-    block): every program reads and writes only its own channels."""
+    """The fold's conv tails alone (see _fold_tail): one program per (block, channel block)."""
     pdl_prologue(PDL)
-    b = tl.program_id(0).to(tl.int64)
-    cb = tl.program_id(1)
+    _fold_tail(tl.program_id(0).to(tl.int64), tl.program_id(1), x_ptr, conv_ptr, slots_ptr, n_ptr, snap_n_ptr,
+               snap_slot_ptr, H, stride_xb, stride_xt, stride_conv, K, V, W, BW, BC, HAS_SNAP)
+
+
+@triton.jit
+def _fold_tail(b, cb, x_ptr, conv_ptr, slots_ptr, n_ptr, snap_n_ptr, snap_slot_ptr, H, stride_xb, stride_xt,
+               stride_conv, K: tl.constexpr, V: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
+               HAS_SNAP: tl.constexpr):
+    """The fold's conv tails: block b's tail becomes window rows n .. n + W - 2 of [tail, x_b] (rows 1 .. W - 1 of
+    step n - 1's window); with HAS_SNAP, rows snap_n .. into slot snap_slot. Channel block cb (none past the
+    channels): every program reads and writes only its own channels."""
     slot = tl.load(slots_ptr + b).to(tl.int64)
     n = tl.load(n_ptr + b)
     C = H * (2 * K + V)
@@ -346,20 +379,32 @@ def _logits(beta: torch.Tensor, is_logits: bool) -> torch.Tensor | None:
     return b if b.stride(-1) == 1 else b.contiguous()
 
 
-def _launch_recur(q, k, v, g, beta, o, ssm, slots, n, snaps, write_state: bool):
+# the fold's conv tails in the recurrence's launch (extra programs beside it), not a launch of their own
+FOLD_TAIL_IN_RECUR = True
+FOLD_TAIL_BC = 256  # channels per tail program
+
+
+def _launch_recur(q, k, v, g, beta, o, ssm, slots, n, snaps, write_state: bool, tail=None):
+    """tail: (the fold's record x, conv_state) to fold the conv tails in the same launch."""
     B, L, H, K = k.shape
     V = v.shape[-1]
     BV = min(RECUR_BV, V)
     snap_n = snap_slot = slots
     if snaps is not None:
         snap_n, snap_slot = snaps
+    NVB, tails, W = V // BV, 0, 1
+    x, conv = (k, k) if tail is None else tail
+    if tail is not None:
+        tails = triton.cdiv(triton.cdiv(x.shape[2], FOLD_TAIL_BC), H)  # tail programs per head
+        W = conv.shape[1] + 1
     if B and L:
-        _kda_recur_kernel[(B, H, V // BV)](
+        _kda_recur_kernel[(B, H, NVB + tails)](
             q if q is not None else k, k, v, g, beta, o if o is not None else v, ssm, slots,
-            n if n is not None else slots, snap_n, snap_slot, H, ssm.stride(0), L=L, K=K, V=V, BV=BV,
+            n if n is not None else slots, snap_n, snap_slot, H, ssm.stride(0), x, conv,
+            x.stride(0), x.stride(1), conv.stride(0), NVB, tails, L=L, K=K, V=V, BV=BV,
             ALL_STEPS=n is None, HAS_OUT=o is not None, WRITE_STATE=write_state, HAS_SNAP=snaps is not None,
-            EARLY=EARLY_STATE, PREFETCH=RECUR_PREFETCH and K <= RECUR_PREFETCH_MAX_K,
-            num_warps=4, **pdl_args(k))
+            EARLY=EARLY_STATE, PREFETCH=RECUR_PREFETCH and K <= RECUR_PREFETCH_MAX_K, TAIL=tail is not None,
+            W=W, BW=triton.next_power_of_2(W), BC=FOLD_TAIL_BC, num_warps=4, **pdl_args(k))
 
 
 def kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale,
@@ -423,10 +468,14 @@ def kda_fold(rec, conv_state, ssm, slots, commit, snapshots=None) -> None:
                  _device_ints([0 if s is None else s[1] for s in snapshots], rec.x.device))
     if not B:
         return
-    _launch_recur(None, rec.k, rec.v, rec.g, rec.beta, None, ssm, slots, n, snaps, write_state=True)
-    BC = 256
-    s_n, s_slot = snaps if snaps is not None else (n, n)
     assert rec.x.stride(2) == 1
+    if FOLD_TAIL_IN_RECUR:
+        _launch_recur(None, rec.k, rec.v, rec.g, rec.beta, None, ssm, slots, n, snaps, write_state=True,
+                      tail=(rec.x, conv_state))
+        return
+    _launch_recur(None, rec.k, rec.v, rec.g, rec.beta, None, ssm, slots, n, snaps, write_state=True)
+    BC = FOLD_TAIL_BC
+    s_n, s_slot = snaps if snaps is not None else (n, n)
     _kda_tail_kernel[(B, triton.cdiv(C, BC))](rec.x, conv_state, slots, n, s_n, s_slot, H, rec.x.stride(0),
                                              rec.x.stride(1), conv_state.stride(0),
                                              L=L, K=K, V=V, W=W, BW=triton.next_power_of_2(W), BC=BC,
