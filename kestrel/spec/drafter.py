@@ -469,8 +469,11 @@ class DSparkDrafter(nn.Module):
         slots = slots.transpose(0, 1).contiguous()  # [gamma, B, D]: each position's rows contiguous
         head = self._folded(FoldedHead).head if FOLD_GPU_HEAD else None
         state, prev, keys, conf = ctx, last_token, [], None
+        early = dspark_ops.EARLY_CORRECTION
         for i in range(gamma):
-            a = dspark_ops.correct_up(slots[i], state, prev, self.embed_tokens.weight, self.corr_up.weight, eps)
+            # (after the first, each position's correction follows a vocabulary kernel that launched it late)
+            a = dspark_ops.correct_up(slots[i], state, prev, self.embed_tokens.weight, self.corr_up.weight, eps,
+                                      early=early and i > 0)
             state = linear_ops.linear(a, self.corr_down.weight, add=slots[i])
             if head is not None:
                 h, w, norm_eps = state, head, eps
@@ -479,11 +482,12 @@ class DSparkDrafter(nn.Module):
                 norm = Prologue("rms", s, lambda: rms(s, eps, self.out_norm), weight=self.out_norm, eps=eps)
                 h = norm.apply() if self.out_proj is None else linear_ops.linear_with(norm, self.out_proj.weight)
                 w, norm_eps = self.lm_head.weight, None
+            late = early and i + 1 < gamma
             if first_confidence and i == 0:  # the head's tiles also keep what the peak needs
-                prev, stats = dspark_ops.head_keys(h, w, stats=True, eps=norm_eps)
+                prev, stats = dspark_ops.head_keys(h, w, stats=True, eps=norm_eps, late_trigger=late)
                 conf = (stats, state, self.conf_up, self.conf_down, eps)  # computed with the tokens, at the end
             else:
-                prev = dspark_ops.head_keys(h, w, eps=norm_eps)
+                prev = dspark_ops.head_keys(h, w, eps=norm_eps, late_trigger=late)
             keys.append(prev)
         if conf is None:
             return DraftOutput(dspark_ops.decode_keys(keys), None, None)  # tokens [B, gamma]

@@ -429,6 +429,10 @@ def test_dspark_correction(dtype):
     assert torch.equal(R.decode(keys), R.decode(R.head_keys(h, emb))) or dtype == torch.bfloat16
     # the next position's kernel reads the keys: the same as reading their ids
     assert torch.equal(K.correct_up(slot, state, keys, emb, w, 1e-5), K.correct_up(slot, state, got, emb, w, 1e-5))
+    # the slot's and state's part summed before the token's (early, as after a late-triggered vocabulary kernel)
+    want = R.correct_up(slot, state, got, emb, w, 1e-5)
+    assert rel(K.correct_up(slot, state, keys, emb, w, 1e-5, early=True), want) < TOL[dtype]
+    assert torch.equal(K.head_keys(h, emb, late_trigger=True), keys)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -12,14 +12,20 @@ def _fast(name: str, x, rows: int):
     return kernel(__name__ + ".triton", name, x) if rows <= KERNEL_MAX_ROWS else None
 
 
-def correct_up(slot, state, prev, emb, w_up, eps: float):
-    fn = _fast("correct_up", slot, slot.shape[0]) or reference.correct_up
-    return fn(slot, state, prev, emb, w_up, eps)
+def correct_up(slot, state, prev, emb, w_up, eps: float, early: bool = False):
+    """early: see triton.correct_up (the kernel's launch order; the reference has none)."""
+    fn = _fast("correct_up", slot, slot.shape[0])
+    if fn is None:
+        return reference.correct_up(slot, state, prev, emb, w_up, eps)
+    return fn(slot, state, prev, emb, w_up, eps, early=early)
 
 
-def head_keys(h, w, stats: bool = False, eps: float | None = None):
-    fn = _fast("head_keys", h, h.shape[0]) or reference.head_keys
-    return fn(h, w, stats, eps)
+def head_keys(h, w, stats: bool = False, eps: float | None = None, late_trigger: bool = False):
+    """late_trigger: see triton.head_keys."""
+    fn = _fast("head_keys", h, h.shape[0])
+    if fn is None:
+        return reference.head_keys(h, w, stats, eps)
+    return fn(h, w, stats, eps, late_trigger=late_trigger)
 
 
 def decode_keys(keys, confidence=None):
@@ -36,6 +42,10 @@ def block_attention(qkv, heads: int, S: int):
     fn = (kernel(__name__ + ".triton", "block_attention", qkv) if BLOCK_ATTENTION else None) or reference.block_attention
     return fn(qkv, heads, S)
 
+
+# off: each drafted position's correction computes all of its product after waiting for the position before (the
+# vocabulary kernel before it then lets it launch early); on: the slot's and state's part before the wait
+EARLY_CORRECTION = True
 
 # off: the drafter block's attention through torch's scaled_dot_product_attention on a GPU too (cuDNN there)
 BLOCK_ATTENTION = True

@@ -21,18 +21,34 @@ def _low():
 
 
 @triton.jit
-def _tile_then_wait(w_ptr, N, K: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr):
-    """(rows, cols, the [BN, KP] tile of a row-major [N, K] weight at program_id(0)): under PDL the dependents may
-    launch and the tile is loaded before the wait for the previous kernel (parameters: no kernel in flight writes
-    them)."""
+def _tile(w_ptr, N, K: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr, LATE: tl.constexpr):
+    """(rows, cols, the [BN, KP] tile of a row-major [N, K] weight at program_id(0)), loaded before any wait (a
+    parameter: no kernel in flight writes it); under PDL the dependents may launch first unless LATE (then the
+    caller lets them launch after its wait)."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     cols = tl.arange(0, KP)
-    if PDL:
+    if PDL and not LATE:
         gdc_launch_dependents()
     w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], mask=(rows[:, None] < N) & (cols[None, :] < K),
                 other=0.0)
+    return rows, cols, w
+
+
+@triton.jit
+def _wait(PDL: tl.constexpr, LATE: tl.constexpr):
+    """Under PDL, wait for the previous kernel; with LATE, then let the dependents launch (so everything before
+    this kernel has finished when they start: they may read it before their own wait)."""
     if PDL:
         gdc_wait()
+        if LATE:
+            gdc_launch_dependents()
+
+
+@triton.jit
+def _tile_then_wait(w_ptr, N, K: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr):
+    """_tile, then the wait for the previous kernel (the dependents launch before both)."""
+    rows, cols, w = _tile(w_ptr, N, K, KP, BN, PDL, False)
+    _wait(PDL, False)
     return rows, cols, w
 
 
@@ -49,27 +65,39 @@ def _rms_piece(ptr, cols, lo, n, eps):
 @triton.jit
 def _correct_up_kernel(slot_ptr, state_ptr, prev_ptr, emb_ptr, w_ptr, y_ptr, C, eps, P,
                        D: tl.constexpr, T: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr, PP: tl.constexpr,
-                       KEYS: tl.constexpr, PDL: tl.constexpr):
+                       KEYS: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
+    """EARLY: the slot's and the state's part of the product before the wait (the previous kernel launched this
+    one after its own wait, so the kernels that wrote them have finished); only the token's part after it."""
     b = tl.program_id(1).to(tl.int64)
     K: tl.constexpr = 2 * D + T
-    rows, cols, w = _tile_then_wait(w_ptr, C, K, KP, BN, PDL)
+    rows, cols, w = _tile(w_ptr, C, K, KP, BN, PDL, False)
+    if EARLY:
+        u = _rms_piece(slot_ptr + b * D, cols, 0, D, eps)
+        u += _rms_piece(state_ptr + b * D, cols, D, D, eps)
+        part = tl.sum(w.to(tl.float32) * u[None, :], 1)
+    _wait(PDL, False)
     if KEYS:  # the previous position's partial argmax keys: the best of them
         rp = tl.arange(0, PP)
         keys = tl.load(prev_ptr + b * P + rp, mask=rp < P, other=MIN_KEY)
         tok = _low() - (tl.max(keys, 0) & _low())
     else:
         tok = tl.load(prev_ptr + b)
-    u = _rms_piece(slot_ptr + b * D, cols, 0, D, eps)
-    u += _rms_piece(state_ptr + b * D, cols, D, D, eps)
-    u += _rms_piece(emb_ptr + tok * T, cols, 2 * D, T, eps)
-    acc = tl.sum(w.to(tl.float32) * u[None, :], 1)
+    if EARLY:
+        acc = part + tl.sum(w.to(tl.float32) * _rms_piece(emb_ptr + tok * T, cols, 2 * D, T, eps)[None, :], 1)
+    else:
+        u = _rms_piece(slot_ptr + b * D, cols, 0, D, eps)
+        u += _rms_piece(state_ptr + b * D, cols, D, D, eps)
+        u += _rms_piece(emb_ptr + tok * T, cols, 2 * D, T, eps)
+        acc = tl.sum(w.to(tl.float32) * u[None, :], 1)
     a = acc.to(y_ptr.dtype.element_ty).to(tl.float32)  # the projection's output, then torch's silu on it
     tl.store(y_ptr + b * C + rows, (a * tl.sigmoid(a)).to(y_ptr.dtype.element_ty), mask=rows < C)
 
 
 def correct_up(slot: torch.Tensor, state: torch.Tensor, prev: torch.Tensor, emb: torch.Tensor, w_up: torch.Tensor,
-               eps: float) -> torch.Tensor:
-    """See reference.correct_up (fp64 goes to the reference)."""
+               eps: float, early: bool = False) -> torch.Tensor:
+    """See reference.correct_up (fp64 goes to the reference). early: under PDL, the slot's and the state's part
+    before the wait: only where the previous kernel launched this one late (head_keys' late_trigger) and nothing
+    since the kernels that wrote slot and state has written them (the same sums, in another order)."""
     B, D = slot.shape
     T = emb.shape[1]
     C, K = w_up.shape
@@ -85,17 +113,19 @@ def correct_up(slot: torch.Tensor, state: torch.Tensor, prev: torch.Tensor, emb:
     use_pdl = pdl(slot)
     if B:
         launch(_correct_up_kernel, (triton.cdiv(C, BN), B), slot, state, prev, emb, w_up, y, C, eps, P, D=D, T=T,
-               KP=KP, BN=BN, PP=triton.next_power_of_2(P), KEYS=prev.dim() == 2, PDL=use_pdl, launch_pdl=use_pdl,
-               num_warps=4, num_stages=1)
+               KP=KP, BN=BN, PP=triton.next_power_of_2(P), KEYS=prev.dim() == 2, EARLY=early, PDL=use_pdl,
+               launch_pdl=use_pdl, num_warps=4, num_stages=1)
     return y
 
 
 @triton.jit
 def _head_keys_kernel(h_ptr, w_ptr, keys_ptr, stats_ptr, N, NB, eps, K: tl.constexpr, KP: tl.constexpr,
-                      BN: tl.constexpr, STATS: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
+                      BN: tl.constexpr, STATS: tl.constexpr, NORM: tl.constexpr, LATE: tl.constexpr,
+                      PDL: tl.constexpr):
     nb = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
-    rows, cols, w = _tile_then_wait(w_ptr, N, K, KP, BN, PDL)
+    rows, cols, w = _tile(w_ptr, N, K, KP, BN, PDL, LATE)
+    _wait(PDL, LATE)
     if NORM:  # every program normalises the row itself (K values): the head then needs no kernel of its own
         hf = _rms_piece(h_ptr + b * K, cols, 0, K, eps)
     else:
@@ -117,9 +147,11 @@ def _head_keys_kernel(h_ptr, w_ptr, keys_ptr, stats_ptr, N, NB, eps, K: tl.const
         tl.store(out + 2, tl.sum(tl.exp(x - m1), 0))
 
 
-def head_keys(h: torch.Tensor, w: torch.Tensor, stats: bool = False, eps: float | None = None):
+def head_keys(h: torch.Tensor, w: torch.Tensor, stats: bool = False, eps: float | None = None,
+              late_trigger: bool = False):
     """See reference.head_keys: here one key (and with stats, one [3] summary) per program's tile of the
-    vocabulary, [B, P] (and [B, P, 3]) (fp64 goes to the reference)."""
+    vocabulary, [B, P] (and [B, P, 3]) (fp64 goes to the reference). late_trigger: under PDL, the next kernel
+    launches only once this one has waited (see correct_up's early)."""
     if h.dtype == torch.float64:
         from kestrel.ops.dspark.reference import head_keys as ref
         return ref(h, w, stats, eps)
@@ -135,7 +167,8 @@ def head_keys(h: torch.Tensor, w: torch.Tensor, stats: bool = False, eps: float 
     use_pdl = pdl(h)
     if B:
         launch(_head_keys_kernel, (NB, B), h, w, keys, summary, N, NB, 0.0 if eps is None else eps, K=K, KP=KP,
-               BN=BN, STATS=stats, NORM=eps is not None, PDL=use_pdl, launch_pdl=use_pdl, num_warps=4, num_stages=1)
+               BN=BN, STATS=stats, NORM=eps is not None, LATE=late_trigger, PDL=use_pdl, launch_pdl=use_pdl,
+               num_warps=4, num_stages=1)
     return (keys, summary) if stats else keys
 
 
