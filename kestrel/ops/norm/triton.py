@@ -18,18 +18,25 @@ def _warps(block: int) -> int:
 
 
 @triton.jit
+def _normed(x, w_ptr, offs, mask, D, eps, HAS_W: tl.constexpr):
+    """A row's RMSNorm in fp32 with the reference's roundings: the normalised row cast back to x's dtype, then the
+    weight applied (HAS_W)."""
+    xf = x.to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / D + eps)
+    y = (xf * r).to(x.dtype).to(tl.float32)
+    if HAS_W:
+        y = y * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return y
+
+
+@triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, eps, HAS_W: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < D
     x = tl.load(x_ptr + row * D + offs, mask=mask, other=0.0)
-    xf = x.to(tl.float32)
-    r = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / D + eps)
-    # the reference casts the normalised row back to x's dtype before applying the weight
-    y = (xf * r).to(x.dtype).to(tl.float32)
-    if HAS_W:
-        y = y * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = _normed(x, w_ptr, offs, mask, D, eps, HAS_W)
     tl.store(out_ptr + row * D + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -59,9 +66,7 @@ def _embed_rms_norm_kernel(ids_ptr, table_ptr, w_ptr, e_ptr, out_ptr, D, eps, BL
     mask = offs < D
     x = tl.load(table_ptr + tl.load(ids_ptr + row).to(tl.int64) * D + offs, mask=mask, other=0.0)
     tl.store(e_ptr + row * D + offs, x, mask=mask)
-    xf = x.to(tl.float32)
-    r = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / D + eps)
-    y = (xf * r).to(x.dtype).to(tl.float32) * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = _normed(x, w_ptr, offs, mask, D, eps, True)
     tl.store(out_ptr + row * D + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -119,9 +124,7 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, out_ptr, D, eps, BLOCK: t
     x = tl.load(x_ptr + row * D + offs, mask=mask, other=0.0)
     s = (x.to(tl.float32) + tl.load(r_ptr + row * D + offs, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
     tl.store(sum_ptr + row * D + offs, s, mask=mask)
-    sf = s.to(tl.float32)
-    r = 1.0 / tl.sqrt(tl.sum(sf * sf, 0) / D + eps)
-    y = (sf * r).to(x.dtype).to(tl.float32) * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = _normed(s, w_ptr, offs, mask, D, eps, True)
     tl.store(out_ptr + row * D + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
