@@ -233,6 +233,10 @@ def test_mla_decode(dtype, page_size):
     o3, l3 = K.mla_decode_paged(ql[: 2 * Bt], qr[: 2 * Bt], kv, wide, lens2, Rk, 0.07, rows_per_table=2)
     o4, l4 = R.mla_decode_paged(ql[: 2 * Bt], qr[: 2 * Bt], kv, pt[:Bt].repeat_interleave(2, 0), lens2, Rk, 0.07)
     assert rel(o3, o4) < TOL[dtype] and rel(l3, l4) < TOL[dtype]
+    # fp64 goes to the reference, which reads the table repeated row by row
+    o5, l5 = K.mla_decode_paged(ql[: 2 * Bt].double(), qr[: 2 * Bt].double(), kv.double(), wide, lens2, Rk, 0.07,
+                                rows_per_table=2)
+    assert o5.dtype == torch.float64 and rel(o5, o4) < TOL[dtype] and rel(l5, l4) < TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -549,6 +553,10 @@ def test_dspark_block_attention(dtype, S):
     got = got.view(N, S, D)
     assert torch.equal(again[0, : S - 1], got[0, : S - 1]) and torch.equal(again[1:], got[1:])
     assert not torch.equal(again[0, S - 1], got[0, S - 1])
+    # fp64, and blocks past the kernel's tile, go to the reference
+    assert torch.equal(K.block_attention(qkv.double(), H, S), R.block_attention(qkv.double(), H, S))
+    long = rnd(2 * 32, 3 * D, dtype=dtype)
+    assert rel(K.block_attention(long, H, 32), R.block_attention(long.float(), H, 32)) < TOL[dtype]
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
