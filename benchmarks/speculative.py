@@ -165,6 +165,9 @@ def main() -> None:
     ap.add_argument("--batches", default="1,4,16,64")
     ap.add_argument("--sections", default="1,2,3,4", help="which of the four parts to run")
     ap.add_argument("--rounds", type=int, default=1, help="section 3: rounds of every side, turn about (medians)")
+    ap.add_argument("--decode-prompts", type=int, default=6,
+                    help="section 2: prompts of each held-out set (code, arithmetic) served one at a time; more give "
+                         "a longer timed decode (a few tens of ms a side at 6 on the H200), at most --prompts")
     ap.add_argument("--stop-at-eos", action="store_true",
                     help="section 2: requests stop at EOS, as served (default: every request decodes --new-tokens, "
                          "past EOS, the figures of earlier runs)")
@@ -206,7 +209,8 @@ def main() -> None:
 
     if 2 in sections:
         print("2. batch-1 decode")
-        prompts = sets["code"][:6] + sets["arithmetic"][:6]
+        k = args.decode_prompts
+        prompts = sets["code"][:k] + sets["arithmetic"][:k]
         # both ways with and without the overlap scheduler (the engine's default; with it, a speculative step is
         # launched chained onto the one in flight); decode tok/s from first to last token, and end to end with the
         # prefill
