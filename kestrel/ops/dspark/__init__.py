@@ -57,20 +57,20 @@ def first_confidence(stats, state, up, down, eps: float):
 
 
 def resolve(x0, prefix, ref, future, future_commit, keep):
-    fn = kernel(__name__ + ".triton", "resolve", x0) or reference.resolve
+    fn = kernel(__name__ + ".step_triton", "resolve", x0) or reference.resolve
     return fn(x0, prefix, ref, future, future_commit, keep)
 
 
 def block_positions(prefix, n, table, page_size: int, scratch_page: int, L: int, x0=None, drafts=None):
-    fn = kernel(__name__ + ".triton", "block_positions", n) or reference.block_positions
+    fn = kernel(__name__ + ".step_triton", "block_positions", n) or reference.block_positions
     return fn(prefix, n, table, page_size, scratch_page, L, x0, drafts)
 
 
 def gather_rows(parts, rows):
-    fn = kernel(__name__ + ".triton", "gather_rows", rows) or reference.gather_rows
+    fn = kernel(__name__ + ".step_triton", "gather_rows", rows) or reference.gather_rows
     return fn(parts, rows)
 
 
 def accept_greedy(logits, drafts, keep, n, snap_n, publish=None):
-    fn = kernel(__name__ + ".triton", "accept_greedy", logits) or reference.accept_greedy
+    fn = kernel(__name__ + ".step_triton", "accept_greedy", logits) or reference.accept_greedy
     return fn(logits, drafts, keep, n, snap_n, publish)

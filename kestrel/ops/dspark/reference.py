@@ -1,6 +1,6 @@
 """The DSpark drafter's sequential correction as ops (see kestrel.spec.drafter): the correction MLP's input and up
 projection, and the vocabulary projection's argmax as packed keys. Plain torch, bit-equal to the drafter's own
-formulas; kestrel.ops.dspark.triton fuses each into one kernel."""
+formulas; kestrel.ops.dspark.triton and step_triton fuse each into one kernel."""
 
 import torch
 import torch.nn.functional as F
