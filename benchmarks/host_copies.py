@@ -15,6 +15,16 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import hot_loop_us  # noqa: E402
+from kestrel.engine import batch  # noqa: E402
+
+
+def pending_resolve(d: torch.Tensor, reuse: bool) -> list[int]:
+    """BatchResult.pending + resolve of one small result, with or without the reused pinned buffers and events."""
+    old, batch.REUSE_PINNED = batch.REUSE_PINNED, reuse
+    try:
+        return batch.BatchResult.pending(d).resolve().tokens
+    finally:
+        batch.REUSE_PINNED = old
 
 
 def main() -> None:
@@ -38,6 +48,8 @@ def main() -> None:
         "static.copy_(pageable 8x8, non_blocking)": lambda: static.copy_(host, non_blocking=True),
         "torch.empty(pin_memory) + copy_ D2H": lambda: torch.empty(16, dtype=torch.long, pin_memory=True).copy_(
             d, non_blocking=True),
+        "BatchResult.pending + resolve, new pinned buffer and event": lambda: pending_resolve(d, False),
+        "BatchResult.pending + resolve, reused (REUSE_PINNED)": lambda: pending_resolve(d, True),
         "torch.cuda.Event()": torch.cuda.Event,
         "event.record()": event.record,
         "event.record() + synchronize() (idle)": lambda: (event.record(), event.synchronize()),
@@ -58,8 +70,17 @@ def main() -> None:
         "tensor.pin_memory() then static.copy_(non_blocking)": lambda: static.copy_(host.pin_memory(), non_blocking=True),
         "torch.empty(pin_memory) + copy_ D2H": lambda: torch.empty(16, dtype=torch.long, pin_memory=True).copy_(
             d, non_blocking=True),
+        "static.copy_(pinned 64, non_blocking)": lambda: static.view(-1).copy_(pinned, non_blocking=True),
+        "BatchResult.pending, new pinned buffer and event": lambda: pend(False),
+        "BatchResult.pending, reused (REUSE_PINNED)": lambda: pend(True),
         "graph-free small kernel": lambda: d.add_(0),
     }
+    held = []
+
+    def pend(reuse: bool) -> None:  # resolved after the device drains (below), so each reused buffer is free again
+        old, batch.REUSE_PINNED = batch.REUSE_PINNED, reuse
+        held.append(batch.BatchResult.pending(d))
+        batch.REUSE_PINNED = old
     for name, fn in busy.items():
         times = []
         for _ in range(5):
@@ -71,6 +92,8 @@ def main() -> None:
             start = time.perf_counter()
             torch.cuda.synchronize()
             queued = (time.perf_counter() - start) * 1e6
+            while held:
+                held.pop().resolve()
         print(f"   busy device: {name:{width}s} {statistics.median(times):8.2f} us (device still busy "
               f"{queued:.0f} us after it)")
 

@@ -6,6 +6,7 @@ into a ForwardBatch on the forward thread. A decode input whose token is not sam
 """
 
 import array
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
@@ -17,6 +18,8 @@ from kestrel.models.forward_batch import ForwardMode
 
 
 _TYPECODES = {torch.long: "q", torch.int32: "i"}
+# off: every pending result allocates its pinned host buffers and creates its event (the baseline of _HostCopies)
+REUSE_PINNED = True
 
 
 def int_tensor(values: list[int], dtype: torch.dtype = torch.long) -> torch.Tensor:
@@ -106,6 +109,8 @@ class BatchResult:
         scheduler `resolve`s them on its own thread); elsewhere read them now."""
         if tokens.device.type != "cuda":
             return cls(*_lists(tokens, logprobs, top))
+        if REUSE_PINNED:
+            return cls([], copying=_HOST_COPIES.start(tokens, logprobs, top))
 
         def host(t: torch.Tensor) -> torch.Tensor:
             return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
@@ -128,7 +133,50 @@ class BatchResult:
             event.synchronize()
             self.tokens, self.logprobs, self.top_logprobs = _lists(*parts)
             self.copying = None
+            if REUSE_PINNED:
+                _HOST_COPIES.done(event, parts)
         return self
+
+
+class _HostCopies:
+    """Pinned host buffers and CUDA events for results copied back from the device, reused from step to step. A
+    buffer belongs to the result it holds until `resolve` has read it (after its event), and only then goes back
+    to the pool, so reuse needs no event of its own. A new pinned buffer and event per result cost the host of
+    every overlapped decode step (benchmarks/host_copies.py); a result never resolved just leaves its buffers to
+    the garbage collector."""
+
+    def __init__(self):
+        self.buffers: dict[tuple, list[torch.Tensor]] = {}  # (dtype, shape) -> free buffers
+        self.events: dict[int, list[torch.cuda.Event]] = {}  # device index -> free events (recorded there before)
+        self.lock = threading.Lock()  # (the server's engine thread and a test's thread may both resolve)
+
+    def start(self, tokens: torch.Tensor, logprobs: torch.Tensor | None, top: tuple | None) -> tuple:
+        """(event, host tokens, host logprobs, (host top values, host top ids)): the copies queued, the event
+        recorded after them on the current device's current stream."""
+        with self.lock:
+            free = self.events.get(torch.cuda.current_device())
+            event = free.pop() if free else torch.cuda.Event()
+            parts = (self._copy(tokens), None if logprobs is None else self._copy(logprobs),
+                     None if top is None else (self._copy(top[0]), self._copy(top[1])))
+        event.record()
+        return (event, *parts)
+
+    def _copy(self, t: torch.Tensor) -> torch.Tensor:
+        free = self.buffers.get((t.dtype, t.shape))
+        host = free.pop() if free else torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        return host.copy_(t, non_blocking=True)
+
+    def done(self, event: torch.cuda.Event, parts) -> None:
+        """Take back a resolved result's event and buffers (their values already read)."""
+        tokens, logprobs, top = parts
+        with self.lock:
+            self.events.setdefault(event.device.index, []).append(event)  # (recorded: it has its device)
+            for host in (tokens, logprobs, *(top or ())):
+                if host is not None:
+                    self.buffers.setdefault((host.dtype, host.shape), []).append(host)
+
+
+_HOST_COPIES = _HostCopies()
 
 
 def _lists(tokens: torch.Tensor, logprobs: torch.Tensor | None, top: tuple | None):

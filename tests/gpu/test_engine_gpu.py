@@ -167,6 +167,34 @@ def test_pending_result_holds_the_values_at_its_launch():
     assert res.top_logprobs[1] == [(7, res.logprobs[1])] * 2
 
 
+def test_pending_results_reuse_pinned_buffers_only_once_read():
+    """The pinned buffers (and events) results copy back into are reused from step to step: a buffer goes back to
+    the pool only when its result has been resolved, so two results in flight never share one, and a resolved
+    result's values stay what they were when a later result reuses its buffer."""
+    from kestrel.engine import batch
+    from kestrel.engine.batch import BatchResult
+
+    assert batch.REUSE_PINNED
+    pool = batch._HOST_COPIES.buffers.setdefault((torch.long, torch.Size((3, 5))), [])
+    before = len(pool)
+    src = [torch.full((3, 5), i, device="cuda") for i in range(3)]
+    x = torch.randn(4096, 4096, device="cuda")
+    for _ in range(20):  # the copies queue behind this
+        x = x @ x / 64
+    first, second = BatchResult.pending(src[0]), BatchResult.pending(src[1])
+    held = first.copying[1].data_ptr()
+    assert held != second.copying[1].data_ptr()
+    assert first.resolve().tokens == [[0] * 5] * 3
+    third = BatchResult.pending(src[2])  # takes first's buffer back from the pool, not second's
+    assert third.copying[1].data_ptr() == held
+    for _ in range(20):
+        x = x @ x / 64
+    src[1].fill_(-1)
+    assert second.resolve().tokens == [[1] * 5] * 3
+    assert third.resolve().tokens == [[2] * 5] * 3 and first.tokens == [[0] * 5] * 3
+    assert len(pool) == max(before, 2)  # both buffers back, none lost or duplicated
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_graph_argmax_equals_sampling_after_the_graph(monkeypatch, overlap):
     """The decode graph's own argmax (a plain greedy step needs no kernel after the replay) against sampling after
