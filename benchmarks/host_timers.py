@@ -3,9 +3,11 @@
 CUDA-graph launch when the device is idle, when the same graph is still running, and when another graph is.
 
     python benchmarks/host_timers.py --device cuda --dtype bfloat16 [--modes plain,dspark+overlap] [--rounds 3]
+        [--knob kestrel.engine.batch.REUSE_PINNED=True,False]
 
-First each mode's decode tok/s (batch 1, each request's first token to its last), the modes taking turns for
---rounds rounds, and the ratios of their medians to the first mode's; then one wrapped run per mode. Wrapped
+First each mode's decode tok/s (batch 1 unless --batch, each wave's first token to its last), the modes taking turns for
+--rounds rounds, and the ratios of their medians to the first mode's; then one wrapped run per mode. With --knob
+(module.NAME=v1,v2,...), every mode runs under every value (the first: baseline), all of them taking turns. Wrapped
 functions nest (the runner's `run` includes the graph's), so the columns do not add up; each is the mean per decode
 step (the wrappers are switched on after each request's prefill).
 """
@@ -22,7 +24,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import replay_ms  # noqa: E402
 from kestrel.config import ServerArgs  # noqa: E402
-from kestrel.engine import cuda_graph, model_runner, scheduler  # noqa: E402
+from kestrel.engine import batch, cuda_graph, model_runner, sampler, scheduler  # noqa: E402
+from kestrel.engine import core as core_module  # noqa: E402
 from kestrel.engine.batch import BatchResult  # noqa: E402
 from kestrel.engine.core import EngineCore  # noqa: E402
 from kestrel.spec import worker  # noqa: E402
@@ -38,6 +41,8 @@ TIMED = [
     (scheduler.Scheduler, "_chained_drafts"), (scheduler.Scheduler, "_chain_links"), (model_runner, "sample"),
     (cuda_graph.DecodeGraphRunner, "run_host"), (cuda_graph.DecodeGraphRunner, "host_ints"),
     (scheduler.Scheduler, "_reap"), (scheduler.Scheduler, "_running_work"), (scheduler.Scheduler, "_admit"),
+    (worker.SpecWorker, "greedy_on_device"), (batch._HostCopies, "start"), (batch._HostCopies, "done"),
+    (scheduler.Scheduler, "_check_finish"), (sampler.SamplingState, "advance"), (core_module.EngineCore, "step"),
 ]
 
 
@@ -85,15 +90,17 @@ def launch_costs(graphs: list, trials: int = 30) -> dict[str, float]:
     return out
 
 
-def decode_run(core: EngineCore, prompts, new: int, totals: dict | None = None) -> tuple[float, int]:
-    """Decode tok/s over `prompts` one request at a time (first token to last) and the decode steps taken; with
-    `totals`, the wrappers count only decode steps (each request's prefill runs before they are switched on)."""
+def decode_run(core: EngineCore, prompts, new: int, totals: dict | None = None, batch: int = 1) -> tuple[float, int]:
+    """Decode tok/s over `prompts`, `batch` requests at a time (each wave's first token to its last), and the decode
+    steps taken; with `totals`, the wrappers count only decode steps (each wave's prefills run before they are
+    switched on)."""
     params = {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}
     steps, decode_s, saved = 0, 0.0, None
-    for p in prompts:
-        req = core.make_request(p, params)
-        core.add_request(req)
-        while req.first_token_at is None:
+    for at in range(0, len(prompts), batch):
+        reqs = [core.make_request(p, params) for p in prompts[at : at + batch]]
+        for req in reqs:
+            core.add_request(req)
+        while any(req.first_token_at is None for req in reqs):
             core.step()
         if totals is not None:
             saved = wrap(totals)
@@ -104,7 +111,7 @@ def decode_run(core: EngineCore, prompts, new: int, totals: dict | None = None) 
         finally:
             for cls, name, fn in saved or []:
                 setattr(cls, name, fn)
-        decode_s += req.finished_at - req.first_token_at
+        decode_s += max(r.finished_at for r in reqs) - max(r.first_token_at for r in reqs)
     return len(prompts) * (new - 1) / decode_s, steps
 
 
@@ -114,29 +121,53 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--prompt-len", type=int, default=32, help="random prompt tokens")
+    ap.add_argument("--batch", type=int, default=1, help="requests decoded together (the prompts in waves of this)")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per mode, modes taking turns")
     ap.add_argument("--modes", default="plain,dspark+overlap")
+    ap.add_argument("--knob", default=None, help="module.NAME=v1,v2,...: every mode under every value")
     args = ap.parse_args()
+    knob = None
+    if args.knob:
+        from benchmarks.decode_knobs import parse_knob  # (Triton's modules: a GPU machine's)
+
+        knob = parse_knob(args.knob)
     gen = torch.Generator().manual_seed(0)
     cores, modes = {}, args.modes.split(",")
+    total = args.batch * (args.prompt_len + args.new_tokens + 16)  # (a wave must fit: no retraction)
     for mode in modes:
         kw = {"speculative_algorithm": "dspark"} if mode.startswith("dspark") else {}
         cores[mode] = EngineCore(ServerArgs(model_path=args.model, dtype=args.dtype, device=args.device,
-                                            max_running_requests=1, skip_tokenizer_init=args.model is not None,
-                                            max_total_tokens=1 << 16, disable_overlap_schedule=not mode.endswith("+overlap"), **kw))
+                                            max_running_requests=args.batch, skip_tokenizer_init=args.model is not None,
+                                            max_total_tokens=max(1 << 16, total), disable_overlap_schedule=not mode.endswith("+overlap"), **kw))
     vocab = cores[modes[0]].model.cfg.vocab_size
-    prompts = [torch.randint(3, vocab, (32,), generator=gen).tolist() for _ in range(args.prompts)]
+    prompts = [torch.randint(3, vocab, (args.prompt_len,), generator=gen).tolist() for _ in range(args.prompts)]
     for core in cores.values():
-        decode_run(core, prompts[:1], 16)  # first-use compiles and captures
-    rates = {m: [] for m in modes}
+        decode_run(core, prompts[: args.batch], 16, batch=args.batch)  # first-use compiles and captures
+    # (label, mode, knob settings): each mode under each knob value
+    cases = [(m, m, {}) for m in modes] if knob is None else [
+        (f"{m} {knob[1]}={v!r}", m, {(knob[0], knob[1]): v}) for m in modes for v in knob[2]]
+
+    def run(case, totals=None):
+        old = {(mod, name): getattr(mod, name) for mod, name in case[2]}
+        try:
+            for (mod, name), value in case[2].items():
+                setattr(mod, name, value)
+            return decode_run(cores[case[1]], prompts, args.new_tokens, totals, args.batch)
+        finally:
+            for (mod, name), value in old.items():
+                setattr(mod, name, value)
+
+    rates = {c[0]: [] for c in cases}
     for _ in range(args.rounds):
-        for mode in modes:
-            rates[mode].append(decode_run(cores[mode], prompts, args.new_tokens)[0])
-    for mode in modes:
-        core = cores[mode]
+        for case in cases:
+            rates[case[0]].append(run(case)[0])
+    for case in cases:
+        mode = case[0]
+        core = cores[case[1]]
         totals = defaultdict(lambda: [0, 0.0])
-        rate, steps = decode_run(core, prompts, args.new_tokens, totals)
+        rate, steps = run(case, totals)
         print(f"== {mode}: decode {statistics.median(rates[mode]):.1f} tok/s (median of rounds "
               f"{', '.join(f'{r:.1f}' for r in rates[mode])}); wrapped {rate:.1f}; per decode step ({steps}): "
               "calls, host ms")
@@ -146,12 +177,14 @@ def main() -> None:
             r = core.runner
             graphs = []
             if mode.startswith("dspark"):
-                graphs.append(r.spec.step_graphs.graphs[min(r.spec.step_graphs.graphs)])
-            graphs.append(r.graphs.graphs[min(r.graphs.graphs)])
+                steps_graphs = r.spec.step_graphs
+                graphs.append(steps_graphs.graphs[steps_graphs.bucket(args.batch)])
+            graphs.append(r.graphs.graphs[r.graphs.bucket(args.batch)])
             print("   graph alone: " + ", ".join(f"{replay_ms(g):.3f} ms" for g in graphs) + "; launch, host us: "
                   + ", ".join(f"{k} {v:.1f}" for k, v in launch_costs(graphs).items()))
-    base = statistics.median(rates[modes[0]])
-    print("ratios to " + modes[0] + ": " + ", ".join(f"{m} {statistics.median(rates[m]) / base:.2f}x" for m in modes[1:]))
+    first = cases[0][0]
+    base = statistics.median(rates[first])
+    print(f"ratios to {first}: " + ", ".join(f"{c[0]} {statistics.median(rates[c[0]]) / base:.2f}x" for c in cases[1:]))
     for core in cores.values():
         core.shutdown()
 

@@ -533,5 +533,4 @@ class Scheduler:
     def _forget(self, r: Req) -> None:
         self.states.pop(r.rid, None)
         self.future_of.pop(r.rid, None)
-        if self.spec:
-            self.runner.spec.forget(r.rid)
+        self.runner.forget(r.rid)

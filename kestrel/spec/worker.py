@@ -310,9 +310,7 @@ class SpecWorker:
         cols = (ids, keep, b.prefix_lens, b.state_slots, [s[0] for s in snaps], [s[1] for s in snaps],
                 b.verify_future or [self.pad_ints[6]] * B, b.chain_refs or [-1] * B)
         ints = int_tensor(padded_rows(cols, B + pad, self.pad_ints)).view(len(cols), B + pad)
-        width = max(len(row) for row in b.page_table)
-        table = int_tensor(padded_rows(b.page_table, width, mem.scratch_page, B + pad), torch.int32)
-        return ints, table.view(B + pad, width)
+        return ints, self.runner.table(b, max(len(row) for row in b.page_table), B + pad)
 
     def _device_batch(self, ids: torch.Tensor | None, prefix: torch.Tensor, n: torch.Tensor, table: torch.Tensor,
                       slots: torch.Tensor, L: int, x0: torch.Tensor | None = None,

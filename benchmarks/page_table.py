@@ -1,0 +1,62 @@
+"""Host time of a step's page table: the persistent host table written as pages change (`HostPageTable.gather`,
+what the engine runs) against the table built from every request's whole page list (`padded_rows` + `int_tensor`,
+the engine's path before it), both in the same run, the two taking turns.
+
+    OMP_NUM_THREADS=1 python benchmarks/page_table.py [--batches 1,8,64,256] [--contexts 256,2048] [--steps 200]
+
+Each request starts with `context` pages (page size 1: one page a token) and gains `--grow` pages a step (1: plain
+decoding; 8: a verify block of gamma 7). Medians of per-step milliseconds; the ratio is old / new.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from kestrel.engine.batch import int_tensor, padded_rows  # noqa: E402
+from kestrel.engine.page_table import HostPageTable  # noqa: E402
+
+
+def run(batch: int, context: int, grow: int, steps: int) -> tuple[float, float]:
+    pages = {f"r{i}": list(range(i * 100_000, i * 100_000 + context)) for i in range(batch)}
+    rids = list(pages)
+    table = HostPageTable(batch + 16, pad=0)
+    times = {"old": [], "new": []}
+    for step in range(2 * steps):
+        for r in rids:
+            last = pages[r][-1]
+            pages[r] += range(last + 1, last + 1 + grow)
+        lists = [list(pages[r]) for r in rids]  # (the scheduler's page_phys copies, on both sides)
+        width = max(map(len, lists))
+        side = "old" if step % 2 else "new"
+        start = time.perf_counter()
+        if side == "old":
+            int_tensor(padded_rows(lists, width, 0, batch), torch.int32).view(batch, width)
+        else:
+            table.gather(rids, lists, width, batch)
+        times[side].append(time.perf_counter() - start)
+    return statistics.median(times["old"]) * 1e3, statistics.median(times["new"]) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", default="1,8,64,256")
+    ap.add_argument("--contexts", default="256,2048")
+    ap.add_argument("--grow", default="1,8")
+    ap.add_argument("--steps", type=int, default=200)
+    args = ap.parse_args()
+    print("| batch | context | pages a step | whole lists (ms) | persistent table (ms) | ratio |")
+    print("|---|---|---|---|---|---|")
+    for context in map(int, args.contexts.split(",")):
+        for batch in map(int, args.batches.split(",")):
+            for grow in map(int, args.grow.split(",")):
+                old, new = run(batch, context, grow, args.steps)
+                print(f"| {batch} | {context} | {grow} | {old:.3f} | {new:.3f} | {old / new:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
