@@ -1,5 +1,7 @@
 """Shared helpers for the GPU benchmarks: timing, the copy-bandwidth ceiling, fast random init on the device."""
 
+import ast
+import importlib
 import statistics
 import time
 
@@ -205,3 +207,10 @@ def graph_timeline(run, log, steps: int = 5, top: int = 20, label: str = "graph"
         f"sum {dur:.0f} us; charged time by kernel (us a step, launches, mean duration us):")
     for name, (n, a, d) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:top]:
         log(f"  {a / steps:8.1f} us  {n / steps:6.1f}x  {d / n:6.2f}  {name[:80]}")
+
+
+def parse_knob(spec: str) -> tuple[object, str, list]:
+    """'package.module.NAME=v1,v2' -> (module, NAME, [v1, v2]) with Python literals."""
+    path, values = spec.split("=", 1)
+    mod, name = path.rsplit(".", 1)
+    return importlib.import_module(mod), name, [ast.literal_eval(v) for v in values.split(",")]

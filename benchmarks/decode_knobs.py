@@ -14,8 +14,6 @@ with their own variants.
 """
 
 import argparse
-import ast
-import importlib
 import os
 import statistics
 import sys
@@ -23,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import back_to_back  # noqa: E402
+from benchmarks.common import back_to_back, parse_knob  # noqa: E402
 from benchmarks.decode_ladder import DecodeSetup, build_model  # noqa: E402
 from kestrel.engine.cuda_graph import DecodeGraphRunner  # noqa: E402
 from kestrel.models.presets import preset_config  # noqa: E402
@@ -169,13 +167,6 @@ def table(rows, preset: str, baseline: str) -> str:
             B, tokens = (f"prefill of {-B} tokens", -B) if B < 0 else (B, B)
         out.append(f"| {B} | {label} | {t * 1e3:.3f} | {tokens / t:.0f} | {x:.3f}x | {'bit-equal' if same else f'{err:.1e}'} |")
     return "\n".join(out)
-
-
-def parse_knob(spec: str) -> tuple[object, str, list]:
-    """'package.module.NAME=v1,v2' -> (module, NAME, [v1, v2]) with Python literals."""
-    path, values = spec.split("=", 1)
-    mod, name = path.rsplit(".", 1)
-    return importlib.import_module(mod), name, [ast.literal_eval(v) for v in values.split(",")]
 
 
 def common_args(ap: argparse.ArgumentParser, batches: str) -> None:

@@ -22,7 +22,7 @@ from collections import defaultdict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import replay_ms  # noqa: E402
+from benchmarks.common import parse_knob, replay_ms  # noqa: E402
 from kestrel.config import ServerArgs  # noqa: E402
 from kestrel.engine import batch, cuda_graph, model_runner, sampler, scheduler  # noqa: E402
 from kestrel.engine import core as core_module  # noqa: E402
@@ -130,8 +130,6 @@ def main() -> None:
     args = ap.parse_args()
     knob = None
     if args.knob:
-        from benchmarks.decode_knobs import parse_knob  # (Triton's modules: a GPU machine's)
-
         knob = parse_knob(args.knob)
     gen = torch.Generator().manual_seed(0)
     cores, modes = {}, args.modes.split(",")

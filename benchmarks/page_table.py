@@ -1,6 +1,6 @@
-"""Host time of a step's page table: the persistent host table written as pages change (`HostPageTable.gather`,
-what the engine runs) against the table built from every request's whole page list (`padded_rows` + `int_tensor`,
-the engine's path before it), both in the same run, the two taking turns.
+"""Host time of a step's page table: the persistent host table synced as pages change (`HostPageTable.sync` +
+`gather`, what the scheduler runs) against the table built from every request's whole page list (`page_phys`,
+`padded_rows`, `int_tensor`: `scheduler.PERSISTENT_PAGE_TABLE = False`), both in the same run, taking turns.
 
     OMP_NUM_THREADS=1 python benchmarks/page_table.py [--batches 1,8,64,256] [--contexts 256,2048] [--steps 200]
 
@@ -14,30 +14,34 @@ import statistics
 import sys
 import time
 
+from types import SimpleNamespace
+
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from kestrel.engine.batch import int_tensor, padded_rows  # noqa: E402
 from kestrel.engine.page_table import HostPageTable  # noqa: E402
+from kestrel.mem.pools import Memory  # noqa: E402
 
 
 def run(batch: int, context: int, grow: int, steps: int) -> tuple[float, float]:
-    pages = {f"r{i}": list(range(i * 100_000, i * 100_000 + context)) for i in range(batch)}
-    rids = list(pages)
+    reqs = [SimpleNamespace(rid=f"r{i}", pages=list(range(i * 100_000, i * 100_000 + context)), pages_epoch=0)
+            for i in range(batch)]
+    mem = Memory.__new__(Memory)  # (the static pools' page mapping alone: no buffers)
     table = HostPageTable(batch + 16, pad=0)
     times = {"old": [], "new": []}
     for step in range(2 * steps):
-        for r in rids:
-            last = pages[r][-1]
-            pages[r] += range(last + 1, last + 1 + grow)
-        lists = [list(pages[r]) for r in rids]  # (the scheduler's page_phys copies, on both sides)
-        width = max(map(len, lists))
+        for r in reqs:
+            last = r.pages[-1]
+            r.pages += range(last + 1, last + 1 + grow)
+        width = max(len(r.pages) for r in reqs)
         side = "old" if step % 2 else "new"
         start = time.perf_counter()
         if side == "old":
-            int_tensor(padded_rows(lists, width, 0, batch), torch.int32).view(batch, width)
+            lists = [mem.page_phys(r.pages) for r in reqs]
+            int_tensor(padded_rows(lists, width, 0), torch.int32).view(batch, width)
         else:
-            table.gather(rids, lists, width, batch)
+            table.gather(table.sync(reqs, mem), width)
         times[side].append(time.perf_counter() - start)
     return statistics.median(times["old"]) * 1e3, statistics.median(times["new"]) * 1e3
 

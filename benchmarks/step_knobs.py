@@ -20,8 +20,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import cuda_events, replay_ms, stamp  # noqa: E402
-from benchmarks.decode_knobs import _set, parse_knob  # noqa: E402
+from benchmarks.common import cuda_events, parse_knob, replay_ms, stamp  # noqa: E402
+from benchmarks.decode_knobs import _set  # noqa: E402
 from kestrel.config import ServerArgs  # noqa: E402
 from kestrel.engine.core import EngineCore  # noqa: E402
 

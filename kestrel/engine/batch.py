@@ -51,7 +51,7 @@ class Batch:
     input_ids: list[int]  # packed; negative entries are future references
     extend_lens: list[int]
     prefix_lens: list[int]
-    page_table: list[list[int]]
+    page_table: torch.Tensor  # [requests, their most pages] int32 on the host: physical pages, scratch-padded
     out_cache_loc: list[int]
     state_slots: list[int]
     # rows (indices into reqs) whose last token is fed now, so a token is sampled for them

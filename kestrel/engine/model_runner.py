@@ -12,8 +12,7 @@ import torch
 
 import kestrel.ops as ops
 from kestrel.config import ServerArgs
-from kestrel.engine.batch import Batch, BatchResult, int_tensor, padded_rows
-from kestrel.engine.page_table import HostPageTable
+from kestrel.engine.batch import Batch, BatchResult, int_tensor
 from kestrel.engine.sampler import sample, take_plain_greedy
 from kestrel.mem.pools import KVPool, Memory, StatePool
 from kestrel.mem.unified import UnifiedMemory, unified_bytes
@@ -29,11 +28,6 @@ CPU_DEFAULT_TOKENS = 1 << 17
 # ~5% faster (its 8-row verify products) and plain decoding 0.97x-1.04x in two runs (one-row products); batched
 # prefill and decode forwards were unchanged
 KMAJOR_CPU_WEIGHTS = True
-# off: each step's page table is built from every request's whole page list (the baseline of HostPageTable)
-PERSISTENT_PAGE_TABLE = True
-# ... below this many table entries (rows x width) the whole lists are quicker (benchmarks/page_table.py: even at
-# ~400-500 on this CPU; one request of 128 pages 0.67x)
-PERSISTENT_MIN_ENTRIES = 512
 
 
 class ModelRunner:
@@ -44,8 +38,6 @@ class ModelRunner:
         self.device = model.lm_head.weight.device
         self.dtype = model.dtype
         self.mem = self._make_memory(slots_per_request)
-        # each running request's pages as a row of a host table, written as they change (see HostPageTable)
-        self.page_rows = HostPageTable(args.max_running_requests + 16, self.mem.scratch_page)
         self.graphs = None
         # a plain greedy decode step takes the decode graph's own argmax (off: sampled after the replay, as any
         # other step; benchmarks/overlap.py compares the two)
@@ -135,17 +127,13 @@ class ModelRunner:
         per_token = self.cfg.kv_latent_dim * len(self.cfg.mla_layer_ids) * torch.finfo(self.dtype).bits // 8
         return max(4096, int(free * self.args.mem_fraction_static * 0.5) // max(per_token, 1))
 
-    def table(self, b: Batch, width: int, rows: int) -> torch.Tensor:
-        """The batch's page table as a [rows, width] int32 CPU tensor, padded with the scratch page."""
-        if PERSISTENT_PAGE_TABLE and b.reqs and rows * width >= PERSISTENT_MIN_ENTRIES:
-            return self.page_rows.gather([r.rid for r in b.reqs], b.page_table, width, rows)
-        return int_tensor(padded_rows(b.page_table, width, self.mem.scratch_page, rows), torch.int32).view(rows, width)
-
-    def forget(self, rid: str) -> None:
-        """A request left the engine: its page-table row (and speculative features) go."""
-        self.page_rows.forget(rid)
-        if self.spec is not None:
-            self.spec.forget(rid)
+    def table(self, b: Batch, rows: int) -> torch.Tensor:
+        """The batch's page table (int32, on the host) with padding rows of the scratch page up to `rows`."""
+        table = b.page_table
+        if rows == table.shape[0]:
+            return table
+        pad = torch.full((rows - table.shape[0], table.shape[1]), self.mem.scratch_page, dtype=torch.int32)
+        return torch.cat([table, pad])
 
     def to_device(self, data, dtype=torch.long) -> torch.Tensor:
         """Host data (a list or a CPU tensor) on the runner's device without waiting for the device. A
@@ -163,15 +151,14 @@ class ModelRunner:
         if self.spec is not None:
             self.spec.interrupted()
         B = len(b.reqs)
-        width = max(len(row) for row in b.page_table)
-        pad = self.mem.scratch_page
+        width = b.page_table.shape[1]
         if (b.mode == ForwardMode.DECODE and self.spec is None and self.graphs is not None
                 and self.graphs.serves(B, width) and b.sample_rows == list(range(B)) and b.track is None):
             # the common decode step: the integers straight into the graph's static inputs, two copies
             ints, bucket = self.graphs.host_ints(
                 (b.input_ids, b.prefix_lens, b.state_slots, b.out_cache_loc, [p + 1 for p in b.prefix_lens],
                  b.future_idx), B)
-            table = self.table(b, width, bucket)
+            table = self.table(b, bucket)
             out, future_idx, tokens = self.graphs.run_host(ints, table, B)
             if tokens is not None and self.graph_greedy and take_plain_greedy(b.sampling_states, b.want_logprobs,
                                                                               b.top_logprobs_num):
@@ -187,14 +174,13 @@ class ModelRunner:
         # every integer of the step in one host-to-device copy: the sizes of its parts, then the parts as views
         parts = (b.input_ids, positions, b.out_cache_loc, b.state_slots,
                  [p + n for p, n in zip(b.prefix_lens, b.extend_lens)], [cu[r + 1] - 1 for r in b.sample_rows],
-                 b.future_idx, [cu[r + 1] - 1 for r in b.feature_rows] if self.spec is not None else [],
-                 padded_rows(b.page_table, width, pad))
+                 b.future_idx, [cu[r + 1] - 1 for r in b.feature_rows] if self.spec is not None else [])
         flat: list[int] = []
         for part in parts:
             flat += part
-        flat = self.to_device(flat)
+        flat = self.to_device(torch.cat([int_tensor(flat), b.page_table.view(-1).long()]))
         ids, positions, locs, slots, seq_lens, logits_idx, future_idx, feature_idx, table = flat.split_with_sizes(
-            [len(part) for part in parts])
+            [len(part) for part in parts] + [b.page_table.numel()])
         table = table.view(B, width)
         if table.is_cuda:  # the kernels read int32 tables; the reference ops take int64 as it is
             table = table.to(torch.int32)

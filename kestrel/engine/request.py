@@ -36,6 +36,9 @@ class Req:
     inflight: int = 0
     # memory: page table over positions 0..computed_len-1, working KDA state slot
     pages: list[int] = field(default_factory=list)
+    # bumped whenever `pages` changes other than by appending or by being replaced by a new list (the prefix cache
+    # swapping shared pages in at its head): the scheduler's host page table then rewrites the request's row
+    pages_epoch: int = 0
     slot: int | None = None
     # prefix cache: prompt tokens served from the cache at first admission; pages at the head of `pages`
     # borrowed from the cache (not the request's own); the locked node of the match

@@ -16,17 +16,23 @@ which read the tokens before them; near its end; a prefix-cache snapshot in reac
 import concurrent.futures
 import logging
 import time
+
+import torch
 from dataclasses import dataclass, field
 
 from kestrel.config import ServerArgs
-from kestrel.engine.batch import Batch, BatchResult
+from kestrel.engine.batch import Batch, BatchResult, int_tensor, padded_rows
 from kestrel.engine.model_runner import ForwardThread, ModelRunner
+from kestrel.engine.page_table import HostPageTable
 from kestrel.engine.request import Req, ReqStatus
 from kestrel.engine.sampler import SamplingState
 from kestrel.mem.manager import MemoryManager
 from kestrel.models.forward_batch import ForwardMode
 
 log = logging.getLogger(__name__)
+
+# off: each step's page table is built from every request's whole page list (the baseline of HostPageTable)
+PERSISTENT_PAGE_TABLE = True
 
 
 @dataclass
@@ -73,6 +79,8 @@ class Scheduler:
         self.future_next = 0
         self.future_of: dict[str, int] = {}
         self.stats = SchedulerStats()
+        # each running request's physical pages as a row of a host table, synced as a step is built
+        self.tables = HostPageTable(args.max_running_requests + 16, runner.mem.scratch_page)
         self.spec = args.speculative
         # requests that finished since the last step returned (whatever the reason), reported exactly once
         self._finished: list[Req] = []
@@ -329,7 +337,7 @@ class Scheduler:
         return True
 
     def _build(self, work: list[tuple[Req, int]]) -> Batch:
-        ps, mm = self.page_size, self.mm
+        mm = self.mm
         ids, ext, pre, sample_rows, future_idx, states, track, feature_rows = [], [], [], [], [], [], [], []
         decode_only = all(n == 1 and r.computed_len > 0 for r, n in work)
         for row, (r, n) in enumerate(work):
@@ -360,20 +368,45 @@ class Scheduler:
         # physical ids only now, after every allocation and free of this pass (the unified pool may have moved
         # blocks; the moves run first on the forward stream)
         reqs = [r for r, _ in work]
-        tables = [mm.mem.page_phys(r.pages) for r in reqs]
-        locs = [t[i // ps] * ps + i % ps for t, p, n in zip(tables, pre, ext) for i in range(p, p + n)]
+        table = self._page_table(reqs)
+        locs = self._cache_locs(reqs, pre, ext)
         # a snapshot whose slot was freed in this pass (its checkpoint already existed) is not written at all:
         # the slot may already belong to someone else
         live = mm.state.slots.used
         track = [None if t is None or t[1] not in live else (t[0], mm.mem.slot_phys(t[1])) for t in track]
         return Batch(
             mode=ForwardMode.DECODE if decode_only else ForwardMode.EXTEND, reqs=reqs, input_ids=ids,
-            extend_lens=ext, prefix_lens=pre, page_table=tables, out_cache_loc=locs,
+            extend_lens=ext, prefix_lens=pre, page_table=table, out_cache_loc=locs,
             state_slots=[mm.mem.slot_phys(r.slot) for r in reqs], sample_rows=sample_rows, future_idx=future_idx,
             feature_rows=feature_rows,
             sampling_states=states, want_logprobs=any(reqs[i].return_logprob for i in sample_rows),
             top_logprobs_num=max([reqs[i].top_logprobs_num for i in sample_rows], default=0),
             mem_ops=mm.take_ops(), track=track if any(t is not None for t in track) else None)
+
+    def _page_table(self, reqs: list[Req]) -> "torch.Tensor":
+        """The requests' physical pages as a [len(reqs), longest] int32 CPU table padded with the scratch page: from
+        the persistent host table (rows synced now), or built from the whole lists."""
+        mem = self.mm.mem
+        if not PERSISTENT_PAGE_TABLE:
+            lists = [mem.page_phys(r.pages) for r in reqs]
+            width = max(map(len, lists), default=0)
+            return int_tensor(padded_rows(lists, width, mem.scratch_page), torch.int32).view(len(reqs), width)
+        table = self.tables.gather(self.tables.sync(reqs, mem), max((len(r.pages) for r in reqs), default=0))
+        if self.check_invariants:  # (tests: the rows kept in step equal the lists built whole)
+            lists = [mem.page_phys(r.pages) for r in reqs]
+            want = int_tensor(padded_rows(lists, table.shape[1], mem.scratch_page), torch.int32)
+            assert torch.equal(table.reshape(-1), want), "the host page table's rows differ from the requests' pages"
+        return table
+
+    def _cache_locs(self, reqs: list[Req], pre: list[int], ext: list[int]) -> list[int]:
+        """Each fed token's KV location (physical page * page size + offset): only the pages the step writes are
+        mapped."""
+        ps, mem, locs = self.page_size, self.mm.mem, []
+        for r, p, n in zip(reqs, pre, ext):
+            first = p // ps
+            phys = mem.page_phys(r.pages[first : (p + n - 1) // ps + 1]) if n else []
+            locs += [phys[i // ps - first] * ps + i % ps for i in range(p, p + n)]
+        return locs
 
     def _chain_links(self) -> dict[str, tuple[int, int]]:
         """Requests of the verify step in flight (launched, results not seen): rid -> (the future entry its last
@@ -434,7 +467,7 @@ class Scheduler:
         live = mm.state.slots.used
         return Batch(
             mode=ForwardMode.VERIFY, reqs=reqs, input_ids=ids, extend_lens=[1] * len(reqs),
-            prefix_lens=[r.computed_len for r in reqs], page_table=[mm.mem.page_phys(r.pages) for r in reqs],
+            prefix_lens=[r.computed_len for r in reqs], page_table=self._page_table(reqs),
             out_cache_loc=[], state_slots=[mm.mem.slot_phys(r.slot) for r in reqs], sample_rows=list(range(len(reqs))),
             future_idx=[], sampling_states=[self.states[r.rid] for r in reqs],
             want_logprobs=any(r.return_logprob for r in reqs), top_logprobs_num=max(r.top_logprobs_num for r in reqs),
@@ -533,4 +566,6 @@ class Scheduler:
     def _forget(self, r: Req) -> None:
         self.states.pop(r.rid, None)
         self.future_of.pop(r.rid, None)
-        self.runner.forget(r.rid)
+        self.tables.forget(r.rid)
+        if self.spec:
+            self.runner.spec.forget(r.rid)

@@ -108,6 +108,8 @@ class Memory:
 
     scratch_page = 0
     scratch_slot = 0
+    # page moves so far (physical page ids never change here; the unified pool counts its moves)
+    page_epoch = 0
 
     def __init__(self, kv: KVPool, state: StatePool):
         self.kv, self.state = kv, state

@@ -283,6 +283,7 @@ class RadixCache:
         head = req.pages[:n_pages]
         node = self._insert(req.tokens(0, pos), head, mm)
         req.pages[:n_pages] = head
+        req.pages_epoch += 1
         self._lock(node, +1)
         self._lock(info.node, -1)
         info.node = node

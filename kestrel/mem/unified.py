@@ -107,6 +107,7 @@ class UnifiedPool:
         # position 0 and the top page are scratch (never handed out)
         self.n_state, self.n_kv = 1, 1
         self.holes = {"slot": set(), "page": set()}
+        self.page_moves = 0  # KV page blocks moved so far: a request's physical page ids may have changed
         self.pinned = {"slot": set(), "page": set()}
         self.sides = {"slot": _Side(self, "slot"), "page": _Side(self, "page")}
         self.ops: list[tuple] = []  # moves for the forward stream, in decision order
@@ -202,6 +203,7 @@ class UnifiedPool:
                 self.holes[kind].remove(hole)
                 side.table[owner] = hole
                 self.ops.append(("move_" + kind, edge, hole))
+                self.page_moves += kind == "page"
             last_free = edge
             if kind == "slot":
                 self.n_state -= 1
@@ -298,6 +300,11 @@ class UnifiedMemory:
         if short <= 0:
             return 0, 0
         return -(-short // p.page_bytes), -(-short // p.slot_bytes)
+
+    @property
+    def page_epoch(self) -> int:
+        """Changes whenever a page's physical id may have (see Memory.page_epoch)."""
+        return self.pool.page_moves
 
     def page_phys(self, ids: list[int]) -> list[int]:
         table = self.pool.sides["page"].table

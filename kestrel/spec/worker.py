@@ -310,7 +310,7 @@ class SpecWorker:
         cols = (ids, keep, b.prefix_lens, b.state_slots, [s[0] for s in snaps], [s[1] for s in snaps],
                 b.verify_future or [self.pad_ints[6]] * B, b.chain_refs or [-1] * B)
         ints = int_tensor(padded_rows(cols, B + pad, self.pad_ints)).view(len(cols), B + pad)
-        return ints, self.runner.table(b, max(len(row) for row in b.page_table), B + pad)
+        return ints, self.runner.table(b, B + pad)
 
     def _device_batch(self, ids: torch.Tensor | None, prefix: torch.Tensor, n: torch.Tensor, table: torch.Tensor,
                       slots: torch.Tensor, L: int, x0: torch.Tensor | None = None,
@@ -417,7 +417,7 @@ class SpecWorker:
         B, G = len(b.reqs), self.gamma
         runner = self.step_graphs
         graphed = (runner is not None and runner.bucket(B) is not None
-                   and max(len(row) for row in b.page_table) <= runner.max_pages)
+                   and b.page_table.shape[1] <= runner.max_pages)
         ints, table = self._host_ints(b, keep, runner.bucket(B) if graphed else None)
         rids = tuple(q.rid for q in b.reqs)
         # the same requests in the same order as the step before: the graph's input rows already hold their
@@ -560,7 +560,7 @@ class SpecWorker:
         ps = r.mem.page_size
 
         def step(lens: list[int]) -> None:
-            table = [[r.mem.scratch_page] * -(-n // ps) for n in lens]
+            table = torch.full((len(lens), -(-max(lens) // ps)), r.mem.scratch_page, dtype=torch.int32)
             fake = Batch(mode=ForwardMode.VERIFY, reqs=[], input_ids=[], extend_lens=[], prefix_lens=[0] * len(lens),
                          page_table=table, out_cache_loc=[], state_slots=[r.mem.scratch_slot] * len(lens),
                          sample_rows=[], future_idx=[], sampling_states=[])
