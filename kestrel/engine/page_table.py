@@ -2,9 +2,9 @@
 
 A running request's page list grows by a few pages a step and otherwise stays as it was, but each step needs the
 whole table as integers on the device. Building it from every request's whole list (the physical ids, then a
-tensor from Python ints) cost ~2.8 ms of host time a step at batch 64 with 1024-token prompts on the H200's host,
-three times the k3-small decode graph (benchmarks/host_timers.py --batch 64 --prompt-len 1024). Here each request
-keeps a row of a host int32 array. The scheduler syncs a request's row when it builds a step, writing only the
+tensor from Python ints) made the engine's step at batch 64 with 1024-token prompts take 4.1-4.3 ms of host time on
+the H200's host, 2.4 ms with this table, against a 0.93 ms k3-small decode graph (benchmarks/host_timers.py
+--batch 64 --prompt-len 1024; docs/benchmarks.md). Here each request keeps a row of a host int32 array. The scheduler syncs a request's row when it builds a step, writing only the
 pages appended since the last sync, and the step's table is one gather of its rows (vLLM keeps its block tables on
 the host the same way; SGLang's req_to_token keeps them on the device, which needs every kernel reading a table to
 index it by request).

@@ -16,9 +16,9 @@ which read the tokens before them; near its end; a prefix-cache snapshot in reac
 import concurrent.futures
 import logging
 import time
+from dataclasses import dataclass, field
 
 import torch
-from dataclasses import dataclass, field
 
 from kestrel.config import ServerArgs
 from kestrel.engine.batch import Batch, BatchResult, int_tensor, padded_rows
@@ -383,7 +383,7 @@ class Scheduler:
             top_logprobs_num=max([reqs[i].top_logprobs_num for i in sample_rows], default=0),
             mem_ops=mm.take_ops(), track=track if any(t is not None for t in track) else None)
 
-    def _page_table(self, reqs: list[Req]) -> "torch.Tensor":
+    def _page_table(self, reqs: list[Req]) -> torch.Tensor:
         """The requests' physical pages as a [len(reqs), longest] int32 CPU table padded with the scratch page: from
         the persistent host table (rows synced now), or built from the whole lists."""
         mem = self.mm.mem
