@@ -4,10 +4,10 @@ A running request's page list grows by a few pages a step and otherwise stays as
 whole table as integers on the device. Building it from every request's whole list (the physical ids, then a
 tensor from Python ints) made the engine's step at batch 64 with 1024-token prompts take 4.1-4.3 ms of host time on
 the H200's host, 2.4 ms with this table, against a 0.93 ms k3-small decode graph (benchmarks/host_timers.py
---batch 64 --prompt-len 1024; docs/benchmarks.md). Here each request keeps a row of a host int32 array. The scheduler syncs a request's row when it builds a step, writing only the
-pages appended since the last sync, and the step's table is one gather of its rows (vLLM keeps its block tables on
-the host the same way; SGLang's req_to_token keeps them on the device, which needs every kernel reading a table to
-index it by request).
+--batch 64 --prompt-len 1024; docs/benchmarks.md). Here each request keeps a row of a host int32 array. The
+scheduler syncs a request's row when it builds a step, writing only the pages appended since the last sync, and the
+step's table is one gather of its rows (vLLM keeps its block tables on the host the same way; SGLang's
+req_to_token keeps them on the device, which needs every kernel reading a table to index it by request).
 
 A row is rewritten whole when its request's page list is a new list (released, matched again by the prefix cache),
 when the list changed in place other than by appending (`Req.pages_epoch`: the prefix cache swapping shared pages
@@ -19,8 +19,10 @@ equals the padded list `padded_rows` builds (the scheduler checks this after eve
 
 import torch
 
-# runs of changed pages up to this long are written together in one indexed write, longer ones as row slices
+# runs of changed pages up to this long are written together in one indexed write, longer ones as row slices; a
+# step with at most FEW_RUNS short runs writes them as slices too (building the index arrays costs more)
 SHORT_RUN = 16
+FEW_RUNS = 4
 
 
 class HostPageTable:
@@ -63,10 +65,10 @@ class HostPageTable:
             self.synced[row] = (pages, r.pages_epoch, moved, n)
             idx.append(row)
         short = [run for run in runs if len(run[2]) <= SHORT_RUN]
-        for row, col, vals in runs:
-            if len(vals) > SHORT_RUN:
-                self._rows[row, col : col + len(vals)] = vals
-        if short:  # (one indexed write for the pages a step appends: a numpy call costs more than its values)
+        few = len(short) <= FEW_RUNS
+        for row, col, vals in runs if few else [run for run in runs if len(run[2]) > SHORT_RUN]:
+            self._rows[row, col : col + len(vals)] = vals
+        if not few:  # (one indexed write for the pages a step appends: a numpy call costs more than its values)
             self._rows[[row for row, _, vals in short for _ in vals],
                        [col + j for _, col, vals in short for j in range(len(vals))]] = [
                 v for _, _, vals in short for v in vals]
