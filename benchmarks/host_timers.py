@@ -91,17 +91,18 @@ def launch_costs(graphs: list, trials: int = 30) -> dict[str, float]:
 
 
 def decode_run(core: EngineCore, prompts, new: int, totals: dict | None = None, batch: int = 1) -> tuple[float, int]:
-    """Decode tok/s over `prompts`, `batch` requests at a time (each wave's first token to its last), and the decode
-    steps taken; with `totals`, the wrappers count only decode steps (each wave's prefills run before they are
-    switched on)."""
+    """Decode tok/s over `prompts`, `batch` requests at a time (the tokens each wave produces from its last first
+    token to its last token, over that time: with chunked prefills a wave's early requests decode before that, and
+    those tokens are left out), and the decode steps taken; with `totals`, the wrappers count only those steps."""
     params = {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}
-    steps, decode_s, saved = 0, 0.0, None
+    steps, decode_s, decoded, saved = 0, 0.0, 0, None
     for at in range(0, len(prompts), batch):
         reqs = [core.make_request(p, params) for p in prompts[at : at + batch]]
         for req in reqs:
             core.add_request(req)
         while any(req.first_token_at is None for req in reqs):
             core.step()
+        start, before = time.monotonic(), sum(len(r.output_ids) for r in reqs)  # (the scheduler's clock)
         if totals is not None:
             saved = wrap(totals)
         try:
@@ -111,8 +112,9 @@ def decode_run(core: EngineCore, prompts, new: int, totals: dict | None = None, 
         finally:
             for cls, name, fn in saved or []:
                 setattr(cls, name, fn)
-        decode_s += max(r.finished_at for r in reqs) - max(r.first_token_at for r in reqs)
-    return len(prompts) * (new - 1) / decode_s, steps
+        decode_s += max(r.finished_at for r in reqs) - start
+        decoded += sum(len(r.output_ids) for r in reqs) - before
+    return decoded / decode_s, steps
 
 
 def main() -> None:
