@@ -41,7 +41,7 @@ def run(batch: int, context: int, grow: int, steps: int) -> tuple[float, float]:
             lists = [mem.page_phys(r.pages) for r in reqs]
             int_tensor(padded_rows(lists, width, 0), torch.int32).view(batch, width)
         else:
-            table.gather(table.sync(reqs, mem), width)
+            table.gather(table.sync(reqs, mem, width), width)
         times[side].append(time.perf_counter() - start)
     return statistics.median(times["old"]) * 1e3, statistics.median(times["new"]) * 1e3
 

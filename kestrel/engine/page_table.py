@@ -38,11 +38,10 @@ class HostPageTable:
         self.row_of: dict[str, int] = {}  # rid -> its row (insertion order: least recently synced first)
         self.free = list(range(rows, 0, -1))
 
-    def sync(self, reqs, mem) -> list[int]:
+    def sync(self, reqs, mem, width: int) -> list[int]:
         """Bring the rows of `reqs` (their `rid`, `pages`, `pages_epoch`) up to date with their pages' physical ids
-        (`mem.page_phys`, `mem.page_epoch`); returns their rows."""
+        (`mem.page_phys`, `mem.page_epoch`); width: their longest page list. Returns their rows."""
         rows_now, width_now = self.table.shape
-        width = max((len(r.pages) for r in reqs), default=0)
         if width > width_now or len(reqs) >= rows_now:  # (one step's requests never evict each other)
             self._resize(max(rows_now, 2 * len(reqs) + 1), max(width_now, width))
         runs: list[tuple[int, int, list[int]]] = []  # (row, first column, values) of each changed run

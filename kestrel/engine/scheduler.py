@@ -386,16 +386,17 @@ class Scheduler:
     def _page_table(self, reqs: list[Req]) -> torch.Tensor:
         """The requests' physical pages as a [len(reqs), longest] int32 CPU table padded with the scratch page: from
         the persistent host table (rows synced now), or built from the whole lists."""
-        mem = self.mm.mem
-        if not PERSISTENT_PAGE_TABLE:
+        mem, width = self.mm.mem, max((len(r.pages) for r in reqs), default=0)
+
+        def whole() -> torch.Tensor:
             lists = [mem.page_phys(r.pages) for r in reqs]
-            width = max(map(len, lists), default=0)
             return int_tensor(padded_rows(lists, width, mem.scratch_page), torch.int32).view(len(reqs), width)
-        table = self.tables.gather(self.tables.sync(reqs, mem), max((len(r.pages) for r in reqs), default=0))
+
+        if not PERSISTENT_PAGE_TABLE:
+            return whole()
+        table = self.tables.gather(self.tables.sync(reqs, mem, width), width)
         if self.check_invariants:  # (tests: the rows kept in step equal the lists built whole)
-            lists = [mem.page_phys(r.pages) for r in reqs]
-            want = int_tensor(padded_rows(lists, table.shape[1], mem.scratch_page), torch.int32)
-            assert torch.equal(table.reshape(-1), want), "the host page table's rows differ from the requests' pages"
+            assert torch.equal(table, whole()), "the host page table's rows differ from the requests' pages"
         return table
 
     def _cache_locs(self, reqs: list[Req], pre: list[int], ext: list[int]) -> list[int]:

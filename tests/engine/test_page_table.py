@@ -58,7 +58,7 @@ def test_synced_rows_equal_padded_page_lists():
         width = max(len(r.pages) for r in batch)
         rows = len(batch) + rng.randrange(3)
         want = int_tensor(padded_rows([mem.page_phys(r.pages) for r in batch], width, pad, rows), torch.int32)
-        got = table.gather(table.sync(batch, mem), width, rows)
+        got = table.gather(table.sync(batch, mem, width), width, rows)
         assert got.dtype == torch.int32 and torch.equal(got.reshape(-1), want), [r.rid for r in batch]
 
 
@@ -68,12 +68,12 @@ def test_a_sync_writes_only_the_pages_appended():
     (its epoch bumped) or a page move rewrites the row."""
     table, mem = HostPageTable(rows=2, pad=0), _Memory()
     r = SimpleNamespace(rid="a", pages=[5, 6, 7], pages_epoch=0)
-    (row,) = table.sync([r], mem)
+    (row,) = table.sync([r], mem, 3)
     table.table[row, :3] = -1  # not what the table last wrote: a rewrite would restore it
     r.pages.append(8)
-    assert table.gather(table.sync([r], mem), 4).tolist() == [[-1, -1, -1, 10_008]]
+    assert table.gather(table.sync([r], mem, 4), 4).tolist() == [[-1, -1, -1, 10_008]]
     r.pages_epoch += 1
-    assert table.gather(table.sync([r], mem), 4).tolist() == [[10_005, 10_006, 10_007, 10_008]]
+    assert table.gather(table.sync([r], mem, 4), 4).tolist() == [[10_005, 10_006, 10_007, 10_008]]
     table.table[row, :3] = -1
     mem.page_epoch += 1
-    assert table.gather(table.sync([r], mem), 4).tolist() == [[10_005, 10_006, 10_007, 10_008]]
+    assert table.gather(table.sync([r], mem, 4), 4).tolist() == [[10_005, 10_006, 10_007, 10_008]]
