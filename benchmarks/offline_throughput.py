@@ -66,6 +66,9 @@ def main() -> None:
     ap.add_argument("--disable-overlap-schedule", action="store_true",
                     help="the engine steps on the calling thread (on a CPU the forward thread otherwise competes with "
                          "torch's own threads for the cores)")
+    ap.add_argument("--disable-host-malloc-tuning", action="store_true",
+                    help="the engine leaves glibc's malloc thresholds as they are (the settings are process-wide: "
+                         "compare the two in separate runs)")
     args = ap.parse_args()
     rows = []
     for name in args.models.split(","):
@@ -74,6 +77,8 @@ def main() -> None:
             engine_args["chunked_prefill_size"] = args.chunked_prefill_size
         if args.disable_overlap_schedule:
             engine_args["disable_overlap_schedule"] = True
+        if args.disable_host_malloc_tuning:
+            engine_args["disable_host_malloc_tuning"] = True
         gen = torch.Generator().manual_seed(0)
 
         def prompts(k, vocab):

@@ -36,6 +36,9 @@ class ServerArgs:
     # scheduling
     chunked_prefill_size: int = _f(2048, "maximum prefill tokens per step (prompts are cut into chunks)")
     disable_overlap_schedule: bool = _f(False, "run the CPU scheduler and the forward one after the other")
+    disable_host_malloc_tuning: bool = _f(False, "keep glibc's default malloc thresholds (by default an engine that "
+                                                  "computes on the CPU keeps freed host memory in the heap: see "
+                                                  "kestrel/engine/host_malloc.py)")
     schedule_policy: str = _f("fcfs", "admission order: fcfs (first come, first served)")
     # prefix cache
     disable_radix_cache: bool = _f(False, "turn the prefix cache off")

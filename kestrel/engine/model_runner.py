@@ -12,6 +12,7 @@ import torch
 
 import kestrel.ops as ops
 from kestrel.config import ServerArgs
+from kestrel.engine import host_malloc
 from kestrel.engine.batch import Batch, BatchResult, int_tensor
 from kestrel.engine.sampler import sample, take_plain_greedy
 from kestrel.mem.pools import KVPool, Memory, StatePool
@@ -53,6 +54,8 @@ class ModelRunner:
         # process-wide, before any graph is captured (launches are recorded with their attributes); CPU tensors and
         # pre-Hopper GPUs never launch with it whatever this says
         ops.PDL = not args.disable_pdl
+        if self.device.type == "cpu" and not args.disable_host_malloc_tuning:
+            host_malloc.keep_freed_memory()  # a prefill's large temporaries otherwise fault their pages in each time
         self.kmajor = self.device.type == "cpu" and KMAJOR_CPU_WEIGHTS and owns_model
         if self.kmajor:
             cpu_kmajor_layout(model)  # MKL's few-row products (a verify block) run faster over it
