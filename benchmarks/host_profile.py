@@ -58,6 +58,10 @@ def main() -> None:
     ap.add_argument("--timeline", action="store_true",
                     help="also list the step graph's kernels in order, each charged with how far it moved the "
                          "step's end (a replay traced kernel by kernel)")
+    ap.add_argument("--served-timeline", action="store_true",
+                    help="also trace served decode steps (engine steps in the middle of one long request, copies "
+                         "included), each kernel or copy charged with how far it moved the steps' end: what the "
+                         "served step runs beyond its graph")
     ap.add_argument("--context-lookup", default="auto", choices=["auto", "on", "off"],
                     help="the DSpark modes' --speculative-context-lookup")
     args = ap.parse_args()
@@ -97,6 +101,8 @@ def main() -> None:
                 print("   " + line[:160])
         if args.device == "cuda":
             kernel_table(core, prompts[:2], args)
+            if args.served_timeline:
+                served_timeline(core, prompts[0], mode)
             graph_time(core, mode, args.timeline)
         core.shutdown()
 
@@ -127,6 +133,20 @@ def kernel_table(core: EngineCore, prompts, args) -> None:
           f"{total_t / steps / 1e3:.3f} ms of kernel time a step; heaviest (launches a step, us a step):")
     for name, (n, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[: args.top]:
         print(f"   {n / steps:7.1f} {t / steps:9.1f}  {name[:100]}")
+
+
+def served_timeline(core: EngineCore, prompt, mode: str, steps: int = 20) -> None:
+    """Engine steps of one request in mid-decode traced with their copies: with the step graph's own timeline, what
+    the served step runs beyond its graph (copies, eager kernels, the gaps the host leaves)."""
+    req = core.make_request(prompt, {"max_new_tokens": 1024, "temperature": 0, "ignore_eos": True})
+    core.add_request(req)
+    for _ in range(8):  # past the prefill and the first decode steps
+        core.step()
+    graph_timeline(core.step, lambda s: print("   " + s), steps=steps, top=30, copies=True,
+                   label=f"{mode}, served steps")
+    core.abort(req.rid)
+    while core.has_work():
+        core.step()
 
 
 def graph_time(core: EngineCore, mode: str, timeline: bool = False, replays: int = 200) -> None:

@@ -161,6 +161,52 @@ def test_kda_verify_and_fold(dtype, lower_bound, logits, prefetch, tail_in_recur
     assert torch.equal(s_k[slots], s_d[slots]), ("states", rel(s_k[slots], s_d[slots]))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("device_snaps", [False, True])
+def test_kda_fold_layers_in_one_launch(dtype, device_snaps):
+    """Several layers' folds in one launch (kda_fold_layers) leave every layer's state, conv tail and snapshots
+    bit-identical to one fold launch a layer; layers whose tensors differ in layout fold one launch each."""
+    from kestrel.ops.kda import triton as K
+    B, H, Kd, W, S, L, NL = (3, 2, 16, 4, 12, 5, 3) if SMALL else (5, 16, 128, 4, 20, 8, 4)
+    C = 3 * H * Kd
+    cw, A, dtb = rnd(C, W, dtype=dtype, scale=0.5), rnd(H), rnd(H * Kd)
+    slots = torch.randperm(S // 2 - 1, device=DEV)[:B] + 1
+    snap_slots = torch.randperm(S // 2, device=DEV)[:B] + S // 2
+    lens = torch.randint(1, L + 1, (B,)).tolist()
+    commit = [torch.randint(0, n + 1, ()).item() for n in lens]
+    snaps = [(torch.randint(1, c + 1, ()).item(), int(snap_slots[i])) if i % 2 == 0 and c else None
+             for i, c in enumerate(commit)]
+    if device_snaps:
+        snaps = (torch.tensor([0 if s is None else s[0] for s in snaps], dtype=torch.int32, device=DEV),
+                 snap_slots.to(torch.int32))
+    convs, ssms, recs = [], [], []
+    for _ in range(NL):  # each layer its own inputs and committed state
+        conv, ssm = rnd(S, W - 1, C, dtype=dtype), rnd(S, H, Kd, Kd)
+        x, raw = rnd(B, L, C, dtype=dtype), rnd(B, L, H, Kd, dtype=dtype)
+        _, rec = K.kda_verify(x, raw, _beta((B, L, H), True, dtype), lens, cw, conv, ssm, slots, A, dtb, -5.0,
+                              Kd**-0.5, beta_logits=True)
+        convs.append(conv)
+        ssms.append(ssm)
+        recs.append(rec)
+    commit_t = torch.tensor(commit, device=DEV)
+    orig_c, orig_s = [c.clone() for c in convs], [m.clone() for m in ssms]
+    one_c, one_s = [c.clone() for c in convs], [m.clone() for m in ssms]
+    K.kda_fold_layers(recs, one_c, one_s, slots, commit_t, snaps)
+    for rec, c, m in zip(recs, convs, ssms):
+        K.kda_fold(rec, c, m, slots, commit_t, snaps)
+    for layer in range(NL):
+        assert torch.equal(one_s[layer], ssms[layer]), ("state", layer)
+        assert torch.equal(one_c[layer], convs[layer]), ("conv tail", layer)
+    assert any(c for c in commit), "nothing folded"
+    # a layer whose state pool has another slot stride: one launch a layer, the same bits
+    odd = torch.empty(S, H * Kd * Kd + 64, device=DEV)[:, : H * Kd * Kd].view(S, H, Kd, Kd)
+    odd.copy_(orig_s[1])
+    odd_s, odd_c = [orig_s[0].clone(), odd] + [m.clone() for m in orig_s[2:]], [c.clone() for c in orig_c]
+    K.kda_fold_layers(recs, odd_c, odd_s, slots, commit_t, snaps)
+    for layer in range(NL):
+        assert torch.equal(odd_s[layer], ssms[layer]) and torch.equal(odd_c[layer], convs[layer]), ("odd", layer)
+
+
 @pytest.mark.parametrize("dtype", DOT_DTYPES)
 def test_kda_chunked(dtype):
     from kestrel.ops.kda import reference as R

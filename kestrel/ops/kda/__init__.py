@@ -51,8 +51,9 @@ def fold(rec, conv_state, ssm, slots, commit, snapshots=None) -> None:
 
 
 def fold_layers(recs, conv_states, ssms, slots, commit, snapshots=None) -> None:
-    """fold for several layers over the same slots and commits: on CUDA one fold kernel a layer (a graph captures
-    them), elsewhere one fold over the layers stacked (reference.kda_fold_layers)."""
+    """fold for several layers over the same slots and commits: on CUDA one fold launch for all the layers
+    (triton.kda_fold_layers; a graph captures it), elsewhere one fold over the layers stacked
+    (reference.kda_fold_layers)."""
     if recs and kernel(__name__ + ".triton", "kda_fold", recs[0].x) is None:
         return reference.kda_fold_layers(recs, conv_states, ssms, slots, *_host_form(commit, snapshots))
     # device integers the kernels read (int32 or int64) converted once, not once a layer (a conversion launched
@@ -64,8 +65,8 @@ def fold_layers(recs, conv_states, ssms, slots, commit, snapshots=None) -> None:
         commit = ints(commit)
     if isinstance(snapshots, tuple):
         snapshots = tuple(ints(t) for t in snapshots)
-    for rec, conv, ssm in zip(recs, conv_states, ssms, strict=True):
-        fold(rec, conv, ssm, slots, commit, snapshots)
+    if recs:  # one launch for all the layers where their tensors agree (triton.kda_fold_layers)
+        kernel(__name__ + ".triton", "kda_fold_layers", recs[0].x)(recs, conv_states, ssms, slots, commit, snapshots)
 
 
 def _host_form(commit, snapshots):

@@ -25,6 +25,11 @@ from kestrel.ops.kda.triton_chunk import kda_chunked  # noqa: F401
 
 # V columns per recurrence program (more programs in flight at small batch)
 RECUR_BV = 32
+# warps per recurrence program. Decode, verify and fold must launch the same tile with the same warps (a sum's order
+# follows the layout), so that a folded state stays bit-identical to the decoded one: one setting for all three.
+# Fewer warps (no shared-memory round in the step's two sums) measured slower on the H200 (2026-12-04): the
+# speculative step graph 0.942x with 2, 0.903x with 1; k3-small and k3-mini decode graphs within 1.5%.
+RECUR_WARPS = 4
 # the recurrence over a block's steps (verify, fold) unrolled, each step's inputs loaded while the step before it
 # runs (off: a loop loading each step's inputs when it starts: an L2 round trip on the chain per step), for key
 # heads up to RECUR_PREFETCH_MAX_K wide. H200, verify + fold graphs of 8-token blocks (2026-12-03): head dim 64
@@ -230,6 +235,43 @@ def _kda_recur_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slot
 
 
 @triton.jit
+def _kda_fold_layers_kernel(ks, vs, gs, betas, ssms, xs, convs, slots_ptr, n_ptr, snap_n_ptr, snap_slot_ptr, H,
+                            stride_ssm, stride_xb, stride_xt, stride_conv, NVB, TAILS, NL: tl.constexpr,
+                            L: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                            HAS_SNAP: tl.constexpr, EARLY: tl.constexpr, PREFETCH: tl.constexpr, W: tl.constexpr,
+                            BW: tl.constexpr, BC: tl.constexpr, PDL: tl.constexpr):
+    """ReplaySSM's fold of NL layers in one launch (the same blocks, commits and slots in each): grid axis 2 holds
+    NL groups of NVB + TAILS programs, group l doing _kda_recur_kernel's fold programs (the recurrence, then the
+    conv tails) over layer l's tensors (the l-th of each tuple). The layers' folds are independent; as separate
+    launches each waited for the one before it. The recurrence is the same _recur_body, so the state stays
+    bit-identical to the decoded one."""
+    if PDL:
+        gdc_launch_dependents()
+        if not EARLY:
+            gdc_wait()
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    vb = tl.program_id(2)
+    layer = vb // (NVB + TAILS)
+    vb = vb - layer * (NVB + TAILS)
+    k_ptr, v_ptr, g_ptr, beta_ptr = ks[0], vs[0], gs[0], betas[0]
+    ssm_ptr, x_ptr, conv_ptr = ssms[0], xs[0], convs[0]
+    for i in tl.static_range(1, NL):
+        if layer == i:
+            k_ptr, v_ptr, g_ptr, beta_ptr = ks[i], vs[i], gs[i], betas[i]
+            ssm_ptr, x_ptr, conv_ptr = ssms[i], xs[i], convs[i]
+    if vb >= NVB:
+        if PDL:
+            if EARLY:
+                gdc_wait()
+        _fold_tail(b, h * TAILS + vb - NVB, x_ptr, conv_ptr, slots_ptr, n_ptr, snap_n_ptr, snap_slot_ptr, H,
+                   stride_xb, stride_xt, stride_conv, K, V, W, BW, BC, HAS_SNAP)
+    else:
+        _recur_body(b, h, vb, k_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, v_ptr, ssm_ptr, slots_ptr, n_ptr, snap_n_ptr,
+                    snap_slot_ptr, H, stride_ssm, L, K, V, BV, False, False, True, HAS_SNAP, EARLY, PREFETCH, PDL)
+
+
+@triton.jit
 def _recur_body(b, h, vb, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slots_ptr, n_ptr, snap_n_ptr,
                 snap_slot_ptr, H, stride_ssm, L: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
                 ALL_STEPS: tl.constexpr, HAS_OUT: tl.constexpr, WRITE_STATE: tl.constexpr, HAS_SNAP: tl.constexpr,
@@ -404,7 +446,7 @@ def _launch_recur(q, k, v, g, beta, o, ssm, slots, n, snaps, write_state: bool, 
             x.stride(0), x.stride(1), conv.stride(0), NVB, tails, L=L, K=K, V=V, BV=BV,
             ALL_STEPS=n is None, HAS_OUT=o is not None, WRITE_STATE=write_state, HAS_SNAP=snaps is not None,
             EARLY=EARLY_STATE, PREFETCH=RECUR_PREFETCH and K <= RECUR_PREFETCH_MAX_K, TAIL=tail is not None,
-            W=W, BW=triton.next_power_of_2(W), BC=FOLD_TAIL_BC, num_warps=4, **pdl_args(k))
+            W=W, BW=triton.next_power_of_2(W), BC=FOLD_TAIL_BC, num_warps=RECUR_WARPS, **pdl_args(k))
 
 
 def kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale,
@@ -447,6 +489,58 @@ def kda_verify(x, raw_gate, beta, lens, conv_weight, conv_state, ssm, slots, A_l
     return o, R.KDAReplay(x, k, v, g, beta)
 
 
+def _fold_ints(commit, snapshots, device):
+    """(commit counts, snapshots as (steps, slot) or None) as device integers."""
+    n = _device_ints(commit, device)
+    snaps = None
+    if isinstance(snapshots, tuple):  # the device form: (steps, slot) tensors, 0 steps = none
+        snaps = (_device_ints(snapshots[0], device), _device_ints(snapshots[1], device))
+    elif snapshots is not None and any(s is not None for s in snapshots):
+        snaps = (_device_ints([0 if s is None else s[0] for s in snapshots], device),
+                 _device_ints([0 if s is None else s[1] for s in snapshots], device))
+    return n, snaps
+
+
+# fold_layers folds every layer in one launch (off: one launch a layer, each waiting for the one before it, as the
+# graph's last kernels of a speculative step). H200, bundled k3-small + drafter, batch 1, the engine's greedy step
+# graph (benchmarks/step_knobs.py, 2026-12-04): 0.2711 -> 0.2589 ms (1.047x), 168 -> 163 kernels, in two calls.
+FOLD_LAYERS_ONE_LAUNCH = True
+
+
+def kda_fold_layers(recs, conv_states, ssms, slots, commit, snapshots=None) -> None:
+    """kda_fold of several layers over the same slots and commits, in one launch when their tensors share shapes,
+    strides and dtypes (a model's KDA layers do), else one launch a layer."""
+    rec0, conv0, ssm0 = recs[0], conv_states[0], ssms[0]
+
+    def layout(*ts):
+        return tuple((t.shape, t.stride(), t.dtype, t.device) for t in ts)
+
+    one = (FOLD_LAYERS_ONE_LAUNCH and FOLD_TAIL_IN_RECUR and len(recs) > 1 and rec0.states is None
+           and rec0.x.dtype != torch.float64 and rec0.x.stride(2) == 1
+           and all(r.states is None and layout(r.x, r.k, r.v, r.g, r.beta, c, m) ==
+                   layout(rec0.x, rec0.k, rec0.v, rec0.g, rec0.beta, conv0, ssm0)
+                   for r, c, m in zip(recs, conv_states, ssms, strict=True)))
+    if not one:
+        for rec, conv, ssm in zip(recs, conv_states, ssms, strict=True):
+            kda_fold(rec, conv, ssm, slots, commit, snapshots)
+        return
+    B, L, C = rec0.x.shape
+    H, K, V = _checked(rec0.x, conv0, ssm0)
+    n, snaps = _fold_ints(commit, snapshots, rec0.x.device)
+    if not B:
+        return
+    snap_n, snap_slot = snaps if snaps is not None else (slots, slots)
+    BV = min(RECUR_BV, V)
+    NVB, W = V // BV, conv0.shape[1] + 1
+    tails = triton.cdiv(triton.cdiv(C, FOLD_TAIL_BC), H)
+    _kda_fold_layers_kernel[(B, H, (NVB + tails) * len(recs))](
+        tuple(r.k for r in recs), tuple(r.v for r in recs), tuple(r.g for r in recs), tuple(r.beta for r in recs),
+        tuple(ssms), tuple(r.x for r in recs), tuple(conv_states), slots, n, snap_n, snap_slot, H, ssm0.stride(0),
+        rec0.x.stride(0), rec0.x.stride(1), conv0.stride(0), NVB, tails, NL=len(recs), L=L, K=K, V=V, BV=BV,
+        HAS_SNAP=snaps is not None, EARLY=EARLY_STATE, PREFETCH=RECUR_PREFETCH and K <= RECUR_PREFETCH_MAX_K, W=W,
+        BW=triton.next_power_of_2(W), BC=FOLD_TAIL_BC, num_warps=RECUR_WARPS, **pdl_args(rec0.k))
+
+
 def kda_fold(rec, conv_state, ssm, slots, commit, snapshots=None) -> None:
     """See reference.kda_fold; `commit` may be a device tensor. The snapshot baseline and fp64 go to the
     reference."""
@@ -459,13 +553,7 @@ def kda_fold(rec, conv_state, ssm, slots, commit, snapshots=None) -> None:
     B, L, C = rec.x.shape
     H, K, V = _checked(rec.x, conv_state, ssm)
     W = conv_state.shape[1] + 1
-    n = _device_ints(commit, rec.x.device)
-    snaps = None
-    if isinstance(snapshots, tuple):  # the device form: (steps, slot) tensors, 0 steps = none
-        snaps = (_device_ints(snapshots[0], rec.x.device), _device_ints(snapshots[1], rec.x.device))
-    elif snapshots is not None and any(s is not None for s in snapshots):
-        snaps = (_device_ints([0 if s is None else s[0] for s in snapshots], rec.x.device),
-                 _device_ints([0 if s is None else s[1] for s in snapshots], rec.x.device))
+    n, snaps = _fold_ints(commit, snapshots, rec.x.device)
     if not B:
         return
     assert rec.x.stride(2) == 1
