@@ -118,8 +118,9 @@ def test_kda_verify_and_fold(dtype, lower_bound, logits, prefetch, tail_in_recur
     raw, A, dtb, beta = rnd(B, L, H, Kd, dtype=dtype), rnd(H), rnd(H * Kd), _beta((B, L, H), logits, dtype)
     lens = torch.randint(1, L + 1, (B,)).tolist()
     lens[0] = L - 1  # at least one padding step
-    commit = [torch.randint(1, n + 1, ()).item() for n in lens]
-    snaps = [(torch.randint(1, c + 1, ()).item(), int(snap_slots[i])) if i % 2 == 0 else None
+    lens[1] = 0  # a padding block (a graph's rows past the batch): outputs zeros, commits nothing
+    commit = [torch.randint(1, n + 1, ()).item() if n else 0 for n in lens]
+    snaps = [(torch.randint(1, c + 1, ()).item(), int(snap_slots[i])) if i % 2 == 0 and c else None
              for i, c in enumerate(commit)]
 
     def run(impl, conv_s, ssm_s):
