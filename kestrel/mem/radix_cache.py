@@ -71,6 +71,12 @@ class RadixCache:
         self.cap = args.max_states_per_path
         # the naive baseline policy for benchmarks: keep every chunk's snapshot, no per-path cap
         self.every_chunk = checkpoint_every_chunk
+        # tokens a match leaves to compute: one (the forward that samples the next token); two under speculation,
+        # whose first verify step needs the drafter's features at the token before its input, which only a forward
+        # over that token gives (the tree keeps KV and states, not features). A match ending at the last known
+        # token's position would send the request to a verify step with neither its features nor its checkpoint
+        # restored (the restore runs with a forward's `movements`).
+        self.tail = 2 if args.speculative else 1
         self.root = Node([], [], None, 0)
         self.clock = 0
         self.reqs: dict[str, _ReqCache] = {}
@@ -154,8 +160,8 @@ class RadixCache:
     def match(self, req: Req, mm) -> int:
         tokens = req.tokens(0, req.known_len)
         path, m, partial = self._walk(tokens)
-        # reusable up to the deepest checkpoint that leaves at least one token to compute
-        ckpt = next((n for n in reversed(path) if n.state is not None and n.depth < len(tokens)), None)
+        # reusable up to the deepest checkpoint that leaves at least `tail` tokens to compute
+        ckpt = next((n for n in reversed(path) if n.state is not None and n.depth <= len(tokens) - self.tail), None)
         depth = ckpt.depth if ckpt else 0
         self.stats.matched_tokens += m
         self.stats.reused_tokens += depth

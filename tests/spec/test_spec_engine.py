@@ -542,3 +542,26 @@ def test_lookup_acceptance_estimate_counts_the_positions_tried():
     assert w.lookup_accept == pytest.approx([0.5 + a * 0.5, 0.5 - a * 0.5, 0.5, 0.5])
     w._learn_lookup([(2, 2), (0, 0)])  # both kept drafts accepted: nothing past them was tried; none kept: nothing
     assert w.lookup_accept[2:] == [0.5, 0.5] and w.lookup_accept[1] > 0.5 - a * 0.5
+
+
+def test_prompt_cached_up_to_its_last_token_equals_plain_decoding(tiny64, drafter_dir):
+    """A prompt whose prefix is cached with a KDA checkpoint right before its last token (a decode snapshot of an
+    earlier request): a verify step needs the drafter's features at the token before its input, which only a
+    forward gives, and the checkpoint must be restored into the request's slot. The match stops short of that
+    checkpoint, so a prefill chunk runs first (before, the request went straight to a verify step with a
+    poisoned slot and no features, and decoded garbage)."""
+    core = spec_core(tiny64, drafter_dir, page_size=1, speculative_num_draft_tokens=4, state_track_interval=64,
+                     disable_verify_planner=True)
+    first = random_prompts(1, seed=31, lo=40, hi=40)[0]
+    done = drive(core, [core.make_request(first, {**G, "max_new_tokens": 40})])
+    seq = first + next(iter(done.values())).output_ids
+    assert core.mm.cache.stats.matched_tokens == 0
+    # a decode snapshot of the first request sits at 64 tokens: at 65 the match stops short of it, at 66 it is used
+    for n, reused in ((65, 0), (66, 64)):
+        prompt = seq[:n]
+        req = core.make_request(prompt, G)
+        done = drive(core, [req])
+        assert done[req.rid].output_ids == greedy_reference(tiny64, prompt, 12)
+        assert done[req.rid].cached_tokens == reused
+    assert core.mm.cache.stats.matched_tokens >= 2 * 64
+    core.shutdown()
