@@ -171,6 +171,9 @@ def main() -> None:
     ap.add_argument("--stop-at-eos", action="store_true",
                     help="section 2: requests stop at EOS, as served (default: every request decodes --new-tokens, "
                          "past EOS, the figures of earlier runs)")
+    ap.add_argument("--launch-steps", default="1",
+                    help="section 2 on CUDA: also dspark+overlap with launches of these many verify steps at most, "
+                         "beside the engine's default (comma-separated; empty: none)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads on a CPU (both sides)")
     ap.add_argument("--dtype", default="float32")
@@ -217,6 +220,9 @@ def main() -> None:
         sides = {"plain": {}, "plain+overlap": {"disable_overlap_schedule": False},
                  "dspark": {"speculative_algorithm": "dspark"},
                  "dspark+overlap": {"speculative_algorithm": "dspark", "disable_overlap_schedule": False}}
+        if args.device == "cuda":  # the engine's launches of two verify steps (its default there) against others
+            for k in filter(None, args.launch_steps.split(",")):
+                sides[f"dspark+overlap/{k}"] = {**sides["dspark+overlap"], "speculative_launch_steps": int(k)}
         times = {key: [] for key in sides}
         e2e = {key: [] for key in sides}
         gaps = {key: [] for key in sides}
@@ -249,7 +255,7 @@ def main() -> None:
                                   + f"; {watch}")
                 outs[key] = [r.output_ids for r in reqs]
                 core.shutdown()
-        for key in ("dspark", "dspark+overlap"):
+        for key in (k for k in sides if "dspark" in k):
             if args.device == "cpu":
                 assert outs["plain"] == outs[key], f"speculation ({key}) changed greedy output"
             else:  # verify and decode kernels round differently: report how much agrees (the GPU test bounds flips)
@@ -263,6 +269,10 @@ def main() -> None:
         print(f"   decode: plain {plain:.1f} tok/s, DSpark {spec:.1f} tok/s: x{spec / plain:.2f} (each at its faster "
               f"setting: plain {med['plain']:.1f}, plain+overlap {med['plain+overlap']:.1f}, dspark "
               f"{med['dspark']:.1f}, dspark+overlap {med['dspark+overlap']:.1f}) (rounds: {rounds})")
+        for key in (k for k in med if k.startswith("dspark+overlap/")):
+            print(f"   at most {key.split('/')[1]} verify steps a launch: {key} {med[key]:.1f} tok/s, x"
+                  f"{med[key] / plain:.2f} of plain; the engine's default (dspark+overlap) "
+                  f"{med['dspark+overlap'] / med[key]:.3f}x of it")
         print("   tokens per verify step: " + "; ".join(f"{k} " + ", ".join(f"{t:.2f}" for t in v)
                                                       for k, v in per_step.items())
               + (" (stopping at EOS)" if args.stop_at_eos else f" ({args.new_tokens} tokens a request, past EOS)"))

@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+# the most verify steps one speculative launch may chain (`speculative_launch_steps`)
+MAX_LAUNCH_STEPS = 8
+
 
 def _f(default, help: str, **kw):
     return field(default=default, metadata={"help": help, **kw})
@@ -54,6 +57,9 @@ class ServerArgs:
     speculative_state_rollback: str = _f("replay", "how a verify step rolls KDA state back: replay (ReplaySSM: store "
                                                    "step inputs, fold the accepted prefix) or snapshot (a state per step)")
     disable_verify_planner: bool = _f(False, "verify every drafted token (no pruning by the verify planner)")
+    speculative_launch_steps: int = _f(0, "greedy verify steps one launch chains on the device before the host "
+                                          "reads their results (fewer host round trips a token); 0: auto (2 with "
+                                          "CUDA graphs and ReplaySSM, else 1)")
     speculative_context_lookup: str = _f("auto", "where the drafter doubts its first token, draft what followed the "
                                                  "latest earlier occurrence of the context's last n-gram instead: on, "
                                                  "off, or auto (the engine's choice: on)")
@@ -89,6 +95,8 @@ class ServerArgs:
              "sparse or every-chunk")
         need("speculative_algorithm", self.speculative_algorithm in (None, "none", "dspark"), "dspark or none")
         need("speculative_num_draft_tokens", self.speculative_num_draft_tokens >= 1, "must be >= 1")
+        need("speculative_launch_steps", 0 <= self.speculative_launch_steps <= MAX_LAUNCH_STEPS,
+             f"must be in [0, {MAX_LAUNCH_STEPS}] (0: auto)")
         need("speculative_context_lookup", self.speculative_context_lookup in ("auto", "on", "off"),
              "auto, on or off")
         need("speculative_state_rollback", self.speculative_state_rollback in ("replay", "snapshot"),
@@ -127,6 +135,17 @@ class ServerArgs:
         if self.speculative_context_lookup == "auto":
             return True
         return self.speculative_context_lookup == "on"
+
+    @property
+    def launch_steps(self) -> int:
+        """Verify steps a greedy speculative launch chains (`speculative_launch_steps`). auto: 2 where the step is
+        one CUDA graph (CUDA, graphs on, ReplaySSM), where the host's work per launch, not the device, bounded the
+        batch-1 step (docs/benchmarks.md, issue 8); else 1."""
+        if self.speculative_launch_steps:
+            return self.speculative_launch_steps
+        graphed = (self.resolved_device.type == "cuda" and not self.disable_cuda_graph
+                   and self.speculative_state_rollback == "replay")
+        return 2 if graphed else 1
 
     def replace(self, **kw) -> "ServerArgs":
         return dataclasses.replace(self, **kw)

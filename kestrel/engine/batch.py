@@ -76,6 +76,11 @@ class Batch:
     # chained onto one in flight) the index whose committed steps add to the request's prefix length (-1: none)
     verify_future: list[int] = field(default_factory=list)
     chain_refs: list[int] = field(default_factory=list)
+    # VERIFY: greedy verify steps chained in this one launch (each request's later steps chained onto its earlier
+    # ones on the device: `SpecWorker._run_greedy`), and per request the future entries of its steps before the last
+    # (verify_future holds the last one's, which a later launch chains onto)
+    launch_steps: int = 1
+    step_futures: list[list[int]] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -94,6 +99,7 @@ class BatchResult:
     spec_snapshots: list[bool] | None = None
     spec_logprobs: list[list[float]] | None = None
     spec_top_logprobs: list[list | None] | None = None
+    spec_steps: int = 1  # verify steps the result covers (the batch's launch_steps)
 
     # (event, tokens, logprobs, (top values, top ids)) copying into pinned host memory; see `pending`
     copying: tuple | None = None

@@ -12,6 +12,7 @@ import dataclasses
 
 import torch
 
+from kestrel.config import MAX_LAUNCH_STEPS
 from kestrel.engine.batch import int_tensor, padded_rows
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode
 from kestrel.ops.kda import KDAReplay
@@ -355,9 +356,22 @@ class SpecStepGraphRunner(_Buckets):
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple] = {}
         self.pool = None
+        self.launch_out: torch.Tensor | None = None  # the packed results of a launch's steps (`keep_packed`)
 
     def _ints(self, b: int) -> torch.Tensor:
         return self.ints[: len(self.pad) * b].view(len(self.pad), b)
+
+    def keep_packed(self, k: int, packed: torch.Tensor) -> torch.Tensor:
+        """Copy step k's packed result [b, G + 2] of a launch of several steps aside (the next replay overwrites the
+        graph's output), queued on the stream."""
+        if self.launch_out is None:
+            self.launch_out = torch.empty(MAX_LAUNCH_STEPS, self.batch_sizes[-1], packed.shape[1], dtype=packed.dtype,
+                                          device=packed.device)
+        return self.launch_out[k, : packed.shape[0]].copy_(packed)
+
+    def kept_packed(self, steps: int, b: int) -> torch.Tensor:
+        """The packed results `keep_packed` set aside for a launch's `steps` steps: [steps, b, G + 2]."""
+        return self.launch_out[:steps, :b]
 
     @torch.no_grad()
     def ensure(self, bs: int) -> None:
@@ -379,14 +393,15 @@ class SpecStepGraphRunner(_Buckets):
             self.graphs[b], self.outputs[b], self.pool = capture(step, self.pool)
 
     @torch.no_grad()
-    def run(self, features: list[torch.Tensor], ints: torch.Tensor, table: torch.Tensor,
+    def run(self, features: list[torch.Tensor], ints: torch.Tensor, table: torch.Tensor | None,
             windows: list[torch.Tensor] | None = None) -> tuple:
         """features (and windows, with a window): one tensor per request, or None where the input rows already hold
         them (the graph writes each step's next features and windows there: a step serving the requests of the step
-        before, in its order); ints [8, bucket] and table [bucket, width] host tensors already padded to the bucket.
-        Returns the graph's static outputs (valid until its next replay)."""
+        before, in its order); ints [8, bucket] and table [bucket, width] host tensors already padded to the bucket
+        (table None: the one of the replay before, a later step of the same launch). Returns the graph's static
+        outputs (valid until its next replay)."""
         b = ints.shape[1]
-        assert self.bucket(b) == b and table.shape[0] == b and table.shape[1] <= self.max_pages
+        assert self.bucket(b) == b and (table is None or (table.shape[0] == b and table.shape[1] <= self.max_pages))
         self.ensure(b)
         if features is not None:
             bs = len(features)
@@ -396,6 +411,7 @@ class SpecStepGraphRunner(_Buckets):
         if self.windows is not None and windows is not None:
             torch.stack(windows, out=self.windows[: len(windows)])
         self._ints(b).copy_(ints, non_blocking=True)
-        self.table[:b, : table.shape[1]].copy_(table, non_blocking=True)
+        if table is not None:
+            self.table[:b, : table.shape[1]].copy_(table, non_blocking=True)
         self.graphs[b].replay()
         return self.outputs[b]

@@ -45,12 +45,12 @@ class ModelRunner:
         self.graph_greedy = True
         # sampled tokens the next batch may read before the scheduler has seen them (a speculative step's graph
         # reads this buffer too: allocated before it is captured)
-        self.future_size = 4 * args.max_running_requests + 16
+        self.future_size = 4 * args.max_running_requests * (args.launch_steps if args.speculative else 1) + 16
         self.future = torch.zeros(self.future_size + 1, dtype=torch.long, device=self.device)
-        # a verify step's committed steps per request, beside its last token in `future`: a verify chained onto it
-        # adds them to the request's prefix length on the device. The last entry of both is a scratch the padding
-        # rows of a step write.
-        self.future_commit = torch.zeros(self.future_size + 1, dtype=torch.long, device=self.device)
+        # a verify step's prefix length per request after its commit, beside its last token in `future`: a verify
+        # chained onto it takes the request's prefix length from there on the device. The last entry of both is a
+        # scratch the padding rows of a step write.
+        self.future_prefix = torch.zeros(self.future_size + 1, dtype=torch.long, device=self.device)
         # process-wide, before any graph is captured (launches are recorded with their attributes); CPU tensors and
         # pre-Hopper GPUs never launch with it whatever this says
         ops.PDL = not args.disable_pdl

@@ -82,6 +82,7 @@ class Scheduler:
         # each running request's physical pages as a row of a host table, synced as a step is built
         self.tables = HostPageTable(args.max_running_requests + 16, runner.mem.scratch_page)
         self.spec = args.speculative
+        self.launch_steps = args.launch_steps if self.spec else 1
         # requests that finished since the last step returned (whatever the reason), reported exactly once
         self._finished: list[Req] = []
         self.check_invariants = False  # tests turn this on: invariants proved after every step
@@ -211,13 +212,15 @@ class Scheduler:
             if not prefill:
                 reqs = [r for r, _ in work]
                 links = self._chain_links()
-                chain = {r.rid: (links[r.rid][0], self._chained_drafts(r, *links[r.rid])) for r in reqs
+                steps = self._launch_steps(reqs, links)
+                chain = {r.rid: (links[r.rid][0], self._chained_drafts(r, *links[r.rid], steps)) for r in reqs
                          if r.rid in links}
                 if any(d is None for _, d in chain.values()):
                     updated += self._drain()
                     self._reap()
                     reqs, chain = [r for r in reqs if not r.finished], {}
-                return self._build_verify(reqs, chain)
+                    steps = self._launch_steps(reqs, {})
+                return self._build_verify(reqs, chain, steps)
             work = prefill
         work = self._grow_all(work)
         if not work:
@@ -410,34 +413,61 @@ class Scheduler:
         return locs
 
     def _chain_links(self) -> dict[str, tuple[int, int]]:
-        """Requests of the verify step in flight (launched, results not seen): rid -> (the future entry its last
-        token and committed steps go to, the drafts it verifies)."""
+        """Requests of the verify launch in flight (launched, results not seen): rid -> (the future entry its last
+        step's token and prefix length go to, the most tokens the launch can commit for it)."""
         if self.inflight is None or self.inflight[0].mode != ForwardMode.VERIFY:
             return {}
         b = self.inflight[0]
-        return {r.rid: (f, d) for r, f, d in zip(b.reqs, b.verify_future, b.max_drafts)}
+        return {r.rid: (f, b.launch_steps * (1 + d)) for r, f, d in zip(b.reqs, b.verify_future, b.max_drafts)}
 
-    def _chained_drafts(self, r: Req, future: int, drafts_in_flight: int) -> int | None:
-        """Drafts r's next verify may take chained onto the step in flight, or None when it must wait for it. The
-        step in flight commits 1 to 1 + drafts_in_flight tokens: pages, budget and context are taken at the most."""
+    def _chained_drafts(self, r: Req, future: int, in_flight: int, steps: int = 1) -> int | None:
+        """Drafts r's next verify may take chained onto the launch in flight, or None when it must wait for it. The
+        launch in flight commits up to `in_flight` tokens: pages, budget and context are taken at the most. A launch
+        of several steps (`_launch_steps` checked their room) drafts gamma in each."""
         gamma = self.args.speculative_num_draft_tokens
-        st = self.states[r.rid]
-        if not st.plain_greedy or r.return_logprob or r.top_logprobs_num:
+        if steps > 1:
+            return gamma
+        if not self._chainable(r):
             return None  # the host must see every earlier token (penalties, seeds) or their logprobs
-        budget = r.budget_left - 1 - drafts_in_flight
-        total = r.total_len + 1 + drafts_in_flight
+        budget = r.budget_left - in_flight
+        total = r.total_len + in_flight
         if budget < 1 or total >= self.context_len:
-            return None  # the step in flight may end the request
+            return None  # the launch in flight may end the request
         drafts = max(0, min(gamma, budget - 1, self.context_len - total - 1))
-        steps = 2 + drafts_in_flight + drafts
+        steps = in_flight + 1 + drafts
         if not self.mm.cache.spec_quiet(r, steps) or not self._grow(r, steps):
             return None
         return drafts
 
-    def _build_verify(self, reqs: list[Req], chain: dict[str, tuple[int, int]] | None = None) -> Batch | None:
-        """One VERIFY batch: each request feeds its last committed token plus up to gamma drafts. A request in
-        `chain` (rid -> (future entry of the step in flight, drafts)) is chained onto the verify step in flight
-        (see the module docstring); its pages are already grown."""
+    def _chainable(self, r: Req) -> bool:
+        """Whether r's verify steps may run before the host has seen the tokens of the ones before: plain greedy
+        (no penalties or seeds reading them) and no logprobs."""
+        return self.states[r.rid].plain_greedy and not r.return_logprob and not r.top_logprobs_num
+
+    def _launch_steps(self, reqs: list[Req], links: dict[str, tuple[int, int]]) -> int:
+        """Verify steps the next launch chains (`ServerArgs.launch_steps`; each of gamma drafts): that many where
+        every request can take them all at their most (budget, context, no prefix-cache snapshot in reach, pages,
+        grown here, after what a launch in flight may commit: `links`) and the speculative worker would accept them
+        on the device, else 1."""
+        steps = self.launch_steps
+        if steps == 1 or not reqs or not self.runner.spec.can_chain_steps(len(reqs)):
+            return 1
+        need = steps * (1 + self.args.speculative_num_draft_tokens)
+        most = {r.rid: (links[r.rid][1] if r.rid in links else 0) + need for r in reqs}
+        for r in reqs:
+            m = most[r.rid]
+            if (not self._chainable(r) or r.budget_left - (m - need) < need or r.total_len + m > self.context_len
+                    or not self.mm.cache.spec_quiet(r, m)):
+                return 1
+        # (pages grown for a launch that falls back to one step stay the request's, for its next steps)
+        return steps if all(self._grow(r, most[r.rid]) for r in reqs) else 1
+
+    def _build_verify(self, reqs: list[Req], chain: dict[str, tuple[int, int]] | None = None,
+                      steps: int = 1) -> Batch | None:
+        """One VERIFY launch: each request feeds its last committed token plus up to gamma drafts, in each of
+        `steps` verify steps (several: `_launch_steps` grew their pages; gamma drafts each). A request in `chain`
+        (rid -> (future entry of the launch in flight, drafts)) is chained onto the launch in flight (see the module
+        docstring); its pages are already grown."""
         mm, gamma = self.mm, self.args.speculative_num_draft_tokens
         chain = chain or {}
         work = []
@@ -445,6 +475,9 @@ class Scheduler:
             if r.rid in chain:
                 ref, drafts = chain[r.rid]
                 work.append((r, drafts, ref))
+                continue
+            if steps > 1:
+                work.append((r, gamma, -1))
                 continue
             drafts = max(0, min(gamma, r.budget_left - 1, self.context_len - r.total_len - 1))
             # short of pages: verify the committed token alone (the room for that was made before)
@@ -454,16 +487,21 @@ class Scheduler:
                 work.append((r, drafts, -1))
         if not work:
             return None
-        ids, snaps, futures = [], [], []
+        ids, snaps, futures, step_futures = [], [], [], []
         for r, drafts, ref in work:
             if ref >= 0:
                 ids.append(-(ref + 1))
                 snaps.append(None)
             else:
                 ids.append(r.token_at(r.computed_len) if r.computed_len < r.known_len else -(self.future_of[r.rid] + 1))
-                snaps.append(mm.cache.spec_snapshot(r, 1 + drafts, mm))
-            futures.append(self.future_next)
-            self.future_next = (self.future_next + 1) % self.runner.future_size
+                # (a launch of several steps has none in reach: `_launch_steps`)
+                snaps.append(mm.cache.spec_snapshot(r, 1 + drafts, mm) if steps == 1 else None)
+            entries = []
+            for _ in range(steps):
+                entries.append(self.future_next)
+                self.future_next = (self.future_next + 1) % self.runner.future_size
+            futures.append(entries[-1])
+            step_futures.append(entries[:-1])
         reqs = [r for r, _, _ in work]
         live = mm.state.slots.used
         return Batch(
@@ -473,7 +511,8 @@ class Scheduler:
             future_idx=[], sampling_states=[self.states[r.rid] for r in reqs],
             want_logprobs=any(r.return_logprob for r in reqs), top_logprobs_num=max(r.top_logprobs_num for r in reqs),
             mem_ops=mm.take_ops(), max_drafts=[d for _, d, _ in work], verify_future=futures,
-            chain_refs=[ref for _, _, ref in work],
+            chain_refs=[ref for _, _, ref in work], launch_steps=steps,
+            step_futures=step_futures if steps > 1 else None,
             spec_snapshots=[None if s is None or s[1] not in live else (s[0], mm.mem.slot_phys(s[1])) for s in snaps])
 
     # ---- results
@@ -486,11 +525,11 @@ class Scheduler:
             toks = result.spec_tokens[i]
             # the last committed token and the accepted drafts are now in the KV cache and the state
             r.computed_len += len(toks)
-            r.spec_verify_ct += 1
-            r.spec_accepted += len(toks) - 1
-            self.stats.spec_verify_steps += 1
+            r.spec_verify_ct += result.spec_steps
+            r.spec_accepted += len(toks) - result.spec_steps  # (each step's last token is the target's own)
+            self.stats.spec_verify_steps += result.spec_steps
             self.stats.spec_draft_tokens += result.spec_drafted[i]
-            self.stats.spec_accepted_tokens += len(toks) - 1
+            self.stats.spec_accepted_tokens += len(toks) - result.spec_steps
             self.mm.cache.spec_after(r, result.spec_snapshots[i], self.mm)
             if r.finished:
                 continue

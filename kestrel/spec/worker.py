@@ -188,7 +188,7 @@ class SpecWorker:
         planning = self.use_planner and B >= PLANNER_MIN_BATCH and self._worth_planning(B)
         # the guard may serve this step whole (the planner's measured rate trails verify-all's in this bucket)
         prune = planning and self.guard.use_planner(bucket)
-        if self.greedy_on_device(b, prune):
+        if b.launch_steps > 1 or self.greedy_on_device(b, prune):  # (the scheduler chains only such steps)
             with record_function("spec.greedy_step"):
                 return self._run_greedy(b, list(b.max_drafts), bucket, planning, t_start)
         ints, table = self._host_ints(b, list(b.max_drafts))
@@ -249,7 +249,7 @@ class SpecWorker:
                 self._fold(fb, fb.state_slots, commit_t, snaps)
             rows = torch.tensor([i * L + commit[i] - 1 for i in range(B)], device=dev)
             feats = self.drafter.features_at(out.captured, rows)
-            self._publish(ints, r.to_device([a.tokens[-1] for a in results]), commit_t)
+            self._publish(ints, r.to_device([a.tokens[-1] for a in results]), commit_t, prefix)
         if windows is not None:  # the accepted drafts (the last token, the next step's x0, is appended then)
             windows = context_lookup.append(windows, tokens, commit_t - 1)
         self._store([q.rid for q in b.reqs], feats, windows)
@@ -271,8 +271,9 @@ class SpecWorker:
         return res
 
     def _account(self, b: Batch, bucket: int, planning: bool, prune: bool, commit: list[int], t_start: float,
-                 t_verify: float) -> None:
-        """A step's times: the planner's overhead estimate and guard, and the per-bucket step statistics."""
+                 t_verify: float, steps: int = 1) -> None:
+        """A launch's times (of `steps` verify steps): the planner's overhead estimate and guard, and the per-bucket
+        step statistics."""
         B = len(b.reqs)
         t_end = time.perf_counter()
         if planning:
@@ -287,7 +288,7 @@ class SpecWorker:
                 self.guard.record(bucket, prune, sum(commit), t_end - t_start + between)
         self._last_end = t_end
         st = self.step_stats.setdefault((bucket, prune), [0, 0, 0, 0.0, 0.0])
-        for i, v in enumerate((1, B, sum(commit), t_end - t_start, t_verify)):
+        for i, v in enumerate((steps, steps * B, sum(commit), t_end - t_start, t_verify)):
             st[i] += v
 
     def _target(self, fb: ForwardBatch):
@@ -300,16 +301,26 @@ class SpecWorker:
         """A step's per-request integers as host tensors, padded to `rows` (default: the batch) with blocks that
         verify nothing on the scratch page and slot: ints [8, rows] int64 (last committed token or a future
         reference, drafts allowed (-1: a padding row), prefix length, state slot, snapshot steps (0: none), snapshot
-        slot, the future entry this step publishes to, the future entry whose committed steps add to the prefix
-        length (-1: none)) and table [rows, width] int32 pages."""
+        slot, the future entry this step publishes to, the future entry of the step whose prefix length this one
+        takes (-1: none, `prefix length` holds it)) and table [rows, width] int32 pages. A launch of several steps
+        (`Batch.launch_steps`) gets ints [steps, 8, rows]: step k + 1 of each request chained onto its step k."""
         mem = self.runner.mem
         B = len(b.reqs) if b.reqs else len(keep)
         pad = rows - B if rows else 0
         snaps = [s or (0, mem.scratch_slot) for s in (b.spec_snapshots or [None] * B)]
         ids = b.input_ids if b.reqs else [0] * B
-        cols = (ids, keep, b.prefix_lens, b.state_slots, [s[0] for s in snaps], [s[1] for s in snaps],
-                b.verify_future or [self.pad_ints[6]] * B, b.chain_refs or [-1] * B)
-        ints = int_tensor(padded_rows(cols, B + pad, self.pad_ints)).view(len(cols), B + pad)
+        steps = b.launch_steps
+        futures = b.verify_future if steps == 1 else [f[0] for f in b.step_futures]
+        cols = [ids, keep, b.prefix_lens, b.state_slots, [s[0] for s in snaps], [s[1] for s in snaps],
+                futures or [self.pad_ints[6]] * B, b.chain_refs or [-1] * B]
+        flat = padded_rows(cols, B + pad, self.pad_ints)
+        for k in range(1, steps):
+            before = [f[k - 1] for f in b.step_futures]
+            after = [f[k] for f in b.step_futures] if k < steps - 1 else b.verify_future
+            cols[0], cols[4], cols[5] = [-(f + 1) for f in before], [0] * B, [mem.scratch_slot] * B
+            cols[6], cols[7] = after, before
+            flat += padded_rows(cols, B + pad, self.pad_ints)
+        ints = int_tensor(flat).view(*((steps,) if steps > 1 else ()), len(cols), B + pad)
         return ints, self.runner.table(b, B + pad)
 
     def _device_batch(self, ids: torch.Tensor | None, prefix: torch.Tensor, n: torch.Tensor, table: torch.Tensor,
@@ -337,15 +348,16 @@ class SpecWorker:
 
     def _resolve(self, ints: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Each request's last committed token and prefix length on the device (a future reference reads the token
-        the batch in flight produces, and a chained row adds the steps that batch commits), its block's token count
-        and whether it is a real request (`_host_ints`' ints; one launch for all four)."""
-        return dspark_ops.resolve(ints[0], ints[2], ints[7], self.runner.future, self.runner.future_commit, ints[1])
+        a step not yet seen by the host produces, and a chained row takes the prefix length that step leaves), its
+        block's token count and whether it is a real request (`_host_ints`' ints; one launch for all four)."""
+        return dspark_ops.resolve(ints[0], ints[2], ints[7], self.runner.future, self.runner.future_prefix, ints[1])
 
-    def _publish(self, ints: torch.Tensor, tokens: torch.Tensor, commit: torch.Tensor) -> None:
-        """A step's last token and committed steps per request into the futures a chained step reads."""
+    def _publish(self, ints: torch.Tensor, tokens: torch.Tensor, commit: torch.Tensor, prefix: torch.Tensor) -> None:
+        """A step's last token and prefix length after its commit, per request, into the futures a chained step
+        reads."""
         at = ints[6]
         self.runner.future[at] = tokens.long()
-        self.runner.future_commit[at] = commit.long()
+        self.runner.future_prefix[at] = prefix + commit.long()
 
     def _fold(self, fb: ForwardBatch, slots: torch.Tensor, commit, snapshots) -> None:
         """ReplaySSM: commit each block's accepted steps onto its KDA state, every layer of the verify pass."""
@@ -361,6 +373,13 @@ class SpecWorker:
                                     confidence_positions=1 if confidence == "first" else None)
 
     # ---- the greedy step on the device
+    def can_chain_steps(self, batch: int) -> bool:
+        """Whether a launch of `batch` plain greedy requests may chain several verify steps (`Batch.launch_steps`):
+        ReplaySSM, and no verify plan at that batch (a plan reads each step's confidences on the host)."""
+        if self.rollback != "replay":
+            return False
+        return not (self.use_planner and batch >= PLANNER_MIN_BATCH and self._worth_planning(batch))
+
     def greedy_on_device(self, b: Batch, prune: bool) -> bool:
         """Whether acceptance can run on the device: every request plain greedy (no penalties, no held-back stop
         tokens; once a step is past min_new_tokens so is every later one), no logprobs, no pruning plan, ReplaySSM."""
@@ -396,12 +415,12 @@ class SpecWorker:
             out = r.model(fb)
             packed, commit, snap_steps, rows = dspark_ops.accept_lazy(out.hidden, r.model.lm_head, tokens, keep, n,
                                                                       snap_n, L)
-            self._publish(ints, packed[:, G], commit)
+            self._publish(ints, packed[:, G], commit, prefix)
         else:
             out = r.model(fb)
             # the acceptance also publishes the next token and commit for a chained step (no separate writes)
             packed, commit, snap_steps, rows = dspark_ops.accept_greedy(out.logits, tokens, keep, n, snap_n,
-                                                                        (r.future, r.future_commit, ints[6]))
+                                                                        (r.future, r.future_prefix, ints[6], prefix))
         self._fold(fb, slots, commit, (snap_steps, snap_slot))
         nxt = self.drafter.features_at(out.captured, rows)
         self.window_bytes = sum(rec.nbytes() for rec in fb.replay.values())  # from shapes: no synchronisation
@@ -419,6 +438,8 @@ class SpecWorker:
         graphed = (runner is not None and runner.bucket(B) is not None
                    and b.page_table.shape[1] <= runner.max_pages)
         ints, table = self._host_ints(b, keep, runner.bucket(B) if graphed else None)
+        steps = b.launch_steps
+        step_ints = list(ints) if steps > 1 else [ints]
         rids = tuple(q.rid for q in b.reqs)
         # the same requests in the same order as the step before: the graph's input rows already hold their
         # features and windows (it writes its outputs there), so nothing is stacked in or copied out
@@ -428,16 +449,26 @@ class SpecWorker:
         windows = self._windows(b) if self.lookup and not chained else None
         if graphed:
             feats = None if chained else [self.features[q.rid] for q in b.reqs]
-            packed = runner.run(feats, ints, table, windows)[0]
+            for k, ints_k in enumerate(step_ints):
+                # a later step of the launch reads the rows the one before wrote, on the same pages
+                first = k == 0
+                packed = runner.run(feats if first else None, ints_k, table if first else None,
+                                    windows if first else None)[0]
+                if steps > 1:  # (copied out before the next replay overwrites it)
+                    packed = runner.keep_packed(k, packed[:B])
             self.window_bytes = self._window_row * B
-            packed = BatchResult.pending(packed[:B])  # (a copy queued before the next replay overwrites it)
+            packed = BatchResult.pending(packed[:B] if steps == 1 else runner.kept_packed(steps, B))
             self._resident = (rids, runner.features, runner.windows)  # (the rows the graph writes)
         else:
             feats = torch.stack([self.features[q.rid] for q in b.reqs])
-            # eager: blocks only as long as the longest (as the host path pads them)
-            packed, feats, windows = self.greedy_step(feats, self.runner.to_device(ints), self.runner.to_device(table),
-                                                      1 + max(keep), None if windows is None else torch.stack(windows))
-            packed = BatchResult.pending(packed)
+            windows = None if windows is None else torch.stack(windows)
+            table, outs = self.runner.to_device(table), []
+            for ints_k in step_ints:
+                # eager: blocks only as long as the longest (as the host path pads them)
+                packed, feats, windows = self.greedy_step(feats, self.runner.to_device(ints_k), table, 1 + max(keep),
+                                                          windows)
+                outs.append(packed)
+            packed = BatchResult.pending(outs[0] if steps == 1 else torch.stack(outs))
             self._store(rids, feats, windows)
         # the verify forward is not timed apart inside one graph: the profile's whole-block time stands for it
         t_verify = dict((L, full) for L, _, full in self.profile[bucket])[self.gamma + 1] if planning else 0.0
@@ -445,16 +476,19 @@ class SpecWorker:
         def finish() -> BatchResult:
             tokens, taken = [], []
             snaps = b.spec_snapshots or [None] * B
-            for i, row in enumerate(packed.resolve().tokens):
-                acc = row[G + 1]
-                toks = row[:acc] + [row[G]]
+            rows = packed.resolve().tokens
+            for i, st in enumerate(b.sampling_states):
+                toks = []
+                for step in (rows if steps > 1 else [rows]):  # each step's accepted drafts and the target's token
+                    row = step[i]
+                    toks += row[: row[G + 1]] + [row[G]]
                 for t in toks:
-                    b.sampling_states[i].advance(t)
+                    st.advance(t)
                 tokens.append(toks)
-                taken.append(snaps[i] is not None and snaps[i][0] <= acc + 1)
-            self._account(b, bucket, planning, False, [len(t) for t in tokens], t_start, t_verify)
-            return BatchResult(tokens=[t[-1] for t in tokens], spec_tokens=tokens, spec_drafted=list(keep),
-                               spec_snapshots=taken)
+                taken.append(snaps[i] is not None and snaps[i][0] <= len(toks))
+            self._account(b, bucket, planning, False, [len(t) for t in tokens], t_start, t_verify, steps)
+            return BatchResult(tokens=[t[-1] for t in tokens], spec_tokens=tokens,
+                               spec_drafted=[steps * k for k in keep], spec_snapshots=taken, spec_steps=steps)
 
         return BatchResult([], deferred=finish)
 

@@ -38,15 +38,17 @@ def test_dspark_accept_greedy(dtype, tile, monkeypatch):
         got, ref = K.accept_greedy(logits, drafts, keep, n, snap_n), R.accept_greedy(logits, drafts, keep, n, snap_n)
         for a, b in zip(got, ref):
             assert a.dtype == b.dtype and torch.equal(a, b), (L, a, b)
-        # publishing the next token and the commit for a chained step (distinct slots; the rest untouched)
+        # publishing the next token and the prefix length after the commit for a chained step (distinct slots; the
+        # rest untouched)
         at = torch.randperm(20, device=DEV)[:B]
+        prefix = torch.randint(0, 500, (B,), device=DEV)
         pub = [(torch.full((21,), -5, dtype=torch.long, device=DEV), torch.full((21,), -5, dtype=torch.long,
-                device=DEV), at) for _ in range(2)]
+                device=DEV), at, prefix) for _ in range(2)]
         got = K.accept_greedy(logits, drafts, keep, n, snap_n, pub[0])
         ref = R.accept_greedy(logits, drafts, keep, n, snap_n, pub[1])
         assert all(torch.equal(a, b) for a, b in zip(got, ref))
         assert torch.equal(pub[0][0], pub[1][0]) and torch.equal(pub[0][1], pub[1][1])
-        assert torch.equal(pub[0][0][at], ref[0][:, G]) and torch.equal(pub[0][1][at], ref[1].long())
+        assert torch.equal(pub[0][0][at], ref[0][:, G]) and torch.equal(pub[0][1][at], prefix + ref[1].long())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -204,14 +206,15 @@ def test_dspark_block_attention(dtype, S):
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_dspark_step_inputs(page_size):
     """The speculative step's first ops as kernels against the torch formulation, exactly: each request's last token
-    and prefix (future references to the batch in flight, chained rows adding its commits), and the VERIFY batch's
+    and prefix (future references to the batch in flight, chained rows taking the prefix it leaves), and the VERIFY
+    batch's
     positions, cache locations, keys per token and real-token counts (padding blocks with n = 0, blocks past the
     page table's width clamped, the scratch page for padding steps)."""
     from kestrel.ops.dspark import reference as R, step_triton as K
     g = torch.Generator().manual_seed(11)
     B, L, width, F = 13, 8, 16, 40
     future = torch.randint(0, 1000, (F,), generator=g).to(DEV)
-    commit = torch.randint(1, L + 1, (F,), generator=g).to(DEV)
+    after = torch.randint(0, page_size * width - L, (F,), generator=g).to(DEV)  # prefix lengths chained rows take
     x0 = torch.randint(0, 1000, (B,), generator=g)
     x0[::3] = -1 - torch.randint(0, F, (len(x0[::3]),), generator=g)  # future references
     ref = torch.randint(-1, F, (B,), generator=g)
@@ -219,11 +222,12 @@ def test_dspark_step_inputs(page_size):
     x0, ref, prefix = x0.to(DEV), ref.to(DEV), prefix.to(DEV)
     keep = torch.randint(-1, L, (B,), generator=g).to(DEV)
     keep[0] = -1  # a padding row
-    got, want = K.resolve(x0, prefix, ref, future, commit, keep), R.resolve(x0, prefix, ref, future, commit, keep)
+    got, want = K.resolve(x0, prefix, ref, future, after, keep), R.resolve(x0, prefix, ref, future, after, keep)
     assert len(got) == 4 and all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(got, want))
     assert torch.equal(got[2], keep + 1) and torch.equal(got[3], keep >= 0)
     want_x0 = want[0]
     assert bool((want[0] != x0).any()) and bool((want[1] != prefix).any())
+    assert torch.equal(want[1], torch.where(ref >= 0, after[ref.clamp_min(0)], prefix))
     n = torch.randint(0, L + 1, (B,), generator=g).to(DEV)
     n[0], n[1] = 0, L
     table = torch.randint(1, 50, (B, width), generator=g).to(torch.int32).to(DEV)

@@ -135,6 +135,10 @@ def _oracle_drafts(core, tiny64, seed: int):
         res = run(b).resolve()  # resolving early only waits: the scheduler's own resolve returns the same
         by_rid["snapshots taken"] = by_rid.get("snapshots taken", 0) + sum(res.spec_snapshots)
         by_rid["chained rows"] = by_rid.get("chained rows", 0) + sum(ref >= 0 for ref in b.chain_refs)
+        if b.launch_steps > 1:  # rows verified in launches of several steps, and those chained onto a launch
+            chained = sum(ref >= 0 for ref in b.chain_refs)
+            by_rid["launch rows"] = by_rid.get("launch rows", 0) + len(b.reqs)
+            by_rid["chained launch rows"] = by_rid.get("chained launch rows", 0) + chained
         return res
 
     worker.run, worker._draft = run_and_track, oracle
@@ -200,13 +204,17 @@ def test_host_acceptance_requests_batch_with_device_ones(tiny64, drafter_dir):
     assert outs[1][2][1] and len(outs[1][2][1]) == len(outs[1][2][0])
 
 
-@pytest.mark.parametrize("page_size,lazy_head", [(1, True), (16, True), (16, False)])
-def test_chained_verify_steps_equal_plain_decoding(tiny64, drafter_dir, page_size, lazy_head, monkeypatch):
+@pytest.mark.parametrize("page_size,lazy_head,launch_steps", [(1, True, 1), (16, True, 1), (16, False, 1),
+                                                               (1, True, 2), (16, False, 2), (16, True, 3)])
+def test_chained_verify_steps_equal_plain_decoding(tiny64, drafter_dir, page_size, lazy_head, launch_steps,
+                                                   monkeypatch):
     """Verify steps chained onto the one in flight (overlap on: the next step's last token and prefix length come
     from the device), over drafts whose accepted length varies: every request gets the reference's tokens, also
     one that stops at a token while its chained step is in flight; chained rows run; retraction and prefix-cache
     hits happen; ownership holds after every step and everything is given back at the end. lazy_head False: the
-    GPU's greedy step (the LM head on every verified row, the acceptance publishing the chained step's inputs)."""
+    GPU's greedy step (the LM head on every verified row, the acceptance publishing the chained step's inputs).
+    launch_steps > 1: launches of that many verify steps, each chained onto the one before on the device, and
+    launches chained onto a launch, run beside one-step launches (near a request's end or a snapshot)."""
     monkeypatch.setattr(worker_mod, "LAZY_CPU_HEAD", lazy_head)
     prompts = [BASE[:n] + p for n, p in zip([0, 40, 70, 100] * 3, random_prompts(12, seed=21, lo=3, hi=30))]
     new = 30
@@ -214,7 +222,7 @@ def test_chained_verify_steps_equal_plain_decoding(tiny64, drafter_dir, page_siz
     stops = [[greedy_reference(tiny64, p, new)[9 + i]] if i % 3 == 0 else [] for i, p in enumerate(prompts)]
     core = spec_core(tiny64, drafter_dir, page_size=page_size, speculative_num_draft_tokens=4,
                      disable_verify_planner=True, state_track_interval=64, chunked_prefill_size=48,
-                     max_total_tokens=400)
+                     max_total_tokens=240, speculative_launch_steps=launch_steps)
     by_rid = _oracle_drafts(core, tiny64, seed=page_size)
     reqs = [core.make_request(p, {**G, "max_new_tokens": new, "ignore_eos": False, "stop_token_ids": s})
             for p, s in zip(prompts, stops)]
@@ -224,6 +232,10 @@ def test_chained_verify_steps_equal_plain_decoding(tiny64, drafter_dir, page_siz
         want = greedy_reference(tiny64, p, new, stop_ids=tuple(s) + tuple(tiny64.cfg.eos_token_ids))
         assert done[r.rid].output_ids == want, f"request with a {len(p)}-token prompt"
     assert by_rid["chained rows"] > 0
+    if launch_steps > 1:
+        assert by_rid["launch rows"] > 0 and by_rid["chained launch rows"] > 0
+    else:
+        assert "launch rows" not in by_rid
     assert sum(done[r.rid].spec_accepted for r in reqs) > sum(done[r.rid].spec_verify_ct for r in reqs)
     stats = core.scheduler.stats
     assert stats.cached_tokens > 0 and stats.retractions > 0

@@ -56,9 +56,9 @@ def first_confidence(stats, state, up, down, eps: float):
     return fn(stats, state, up, down, eps)
 
 
-def resolve(x0, prefix, ref, future, future_commit, keep):
+def resolve(x0, prefix, ref, future, future_prefix, keep):
     fn = kernel(__name__ + ".step_triton", "resolve", x0) or reference.resolve
-    return fn(x0, prefix, ref, future, future_commit, keep)
+    return fn(x0, prefix, ref, future, future_prefix, keep)
 
 
 def block_positions(prefix, n, table, page_size: int, scratch_page: int, L: int, x0=None, drafts=None):

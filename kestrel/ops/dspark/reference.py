@@ -140,13 +140,14 @@ def first_confidence(stats: torch.Tensor, state: torch.Tensor, up: torch.nn.Line
 
 
 def resolve(x0: torch.Tensor, prefix: torch.Tensor, ref: torch.Tensor, future: torch.Tensor,
-            future_commit: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            future_prefix: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Each request's last committed token and prefix length on the device (the speculative step's first op):
-    x0 < 0 is a future reference (-x0 - 1 indexes `future`, the token the batch in flight produces), and a row with
-    ref >= 0 adds the steps that batch commits (future_commit[ref]). With the drafts each block may keep (-1: a
-    padding row), also its token count keep + 1 and whether it is real (keep >= 0). All [B] int64 (real: bool)."""
+    x0 < 0 is a future reference (-x0 - 1 indexes `future`, the token a step not yet seen by the host produces),
+    and a row with ref >= 0 takes its prefix length from that step (future_prefix[ref], the length after its
+    commit) instead of `prefix`. With the drafts each block may keep (-1: a padding row), also its token count
+    keep + 1 and whether it is real (keep >= 0). All [B] int64 (real: bool)."""
     x0 = torch.where(x0 < 0, future[(-x0 - 1).clamp_min(0)], x0)
-    return x0, prefix + torch.where(ref >= 0, future_commit[ref.clamp_min(0)], 0), keep + 1, keep >= 0
+    return x0, torch.where(ref >= 0, future_prefix[ref.clamp_min(0)], prefix), keep + 1, keep >= 0
 
 
 def block_positions(prefix: torch.Tensor, n: torch.Tensor, table: torch.Tensor, page_size: int, scratch_page: int,
@@ -184,8 +185,9 @@ def accept_greedy(logits: torch.Tensor, drafts: torch.Tensor, keep: torch.Tensor
     Returns (packed [B, G + 2] int64: the drafts, the target's token after the accepted ones, the number accepted;
     commit [B] int32 steps to fold (accepted + 1, 0 for padding); snapshots [B] int32 (snap_n where the commit
     reaches it, else 0); rows [B] int64, the logits row of each block's last committed position). publish: None, or
-    (future, future_commit, at) to also write each block's next token to future[at[b]] and its commit (int64) to
-    future_commit[at[b]], where a step chained onto this one reads them."""
+    (future, future_prefix, at, prefix) to also write each block's next token to future[at[b]] and its prefix length
+    after the commit (prefix [B] + commit, int64) to future_prefix[at[b]], where a step chained onto this one reads
+    them."""
     B, G = drafts.shape
     L = logits.shape[0] // B
     top = ops.argmax(logits).view(B, L)
@@ -198,9 +200,9 @@ def accept_greedy(logits: torch.Tensor, drafts: torch.Tensor, keep: torch.Tensor
     rows = torch.arange(B, device=keep.device) * L + (commit.long() - 1).clamp_min(0)
     packed = torch.cat([drafts, top.gather(1, acc.view(B, 1)), acc.view(B, 1)], 1)
     if publish is not None:
-        future, future_commit, at = publish
+        future, future_prefix, at, prefix = publish
         future[at] = packed[:, G]
-        future_commit[at] = commit.long()
+        future_prefix[at] = prefix + commit.long()
     return packed, commit, snaps, rows
 
 

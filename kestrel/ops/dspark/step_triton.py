@@ -13,7 +13,7 @@ from kestrel.ops.triton_utils import launch, pdl_prologue
 
 
 @triton.jit
-def _resolve_kernel(x0_ptr, prefix_ptr, ref_ptr, future_ptr, commit_ptr, keep_ptr, x0_out, prefix_out, n_out, real_out,
+def _resolve_kernel(x0_ptr, prefix_ptr, ref_ptr, future_ptr, after_ptr, keep_ptr, x0_out, prefix_out, n_out, real_out,
                     B, BP: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     i = tl.arange(0, BP)
@@ -24,22 +24,22 @@ def _resolve_kernel(x0_ptr, prefix_ptr, ref_ptr, future_ptr, commit_ptr, keep_pt
     x0 = tl.load(x0_ptr + i, mask=on, other=0)
     ref = tl.load(ref_ptr + i, mask=on, other=-1)
     fut = tl.load(future_ptr + tl.maximum(-x0 - 1, 0), mask=on & (x0 < 0), other=0)
-    add = tl.load(commit_ptr + tl.maximum(ref, 0), mask=on & (ref >= 0), other=0)
+    chained = tl.load(after_ptr + tl.maximum(ref, 0), mask=on & (ref >= 0), other=0)
     tl.store(x0_out + i, tl.where(x0 < 0, fut, x0), mask=on)
-    tl.store(prefix_out + i, tl.load(prefix_ptr + i, mask=on, other=0) + add, mask=on)
+    tl.store(prefix_out + i, tl.where(ref >= 0, chained, tl.load(prefix_ptr + i, mask=on, other=0)), mask=on)
 
 
 def resolve(x0: torch.Tensor, prefix: torch.Tensor, ref: torch.Tensor, future: torch.Tensor,
-            future_commit: torch.Tensor, keep: torch.Tensor):
+            future_prefix: torch.Tensor, keep: torch.Tensor):
     """See reference.resolve: one program (int64 rows of any B)."""
-    if any(t.dtype != torch.int64 for t in (x0, prefix, ref, future, future_commit, keep)):
+    if any(t.dtype != torch.int64 for t in (x0, prefix, ref, future, future_prefix, keep)):
         from kestrel.ops.dspark.reference import resolve as ref_resolve
-        return ref_resolve(x0, prefix, ref, future, future_commit, keep)
+        return ref_resolve(x0, prefix, ref, future, future_prefix, keep)
     B = x0.shape[0]
     x0_out, prefix_out, n = torch.empty_like(x0), torch.empty_like(prefix), torch.empty_like(keep)
     real = torch.empty(B, dtype=torch.bool, device=x0.device)
     if B:
-        _resolve_kernel[(1,)](x0.contiguous(), prefix.contiguous(), ref.contiguous(), future, future_commit,
+        _resolve_kernel[(1,)](x0.contiguous(), prefix.contiguous(), ref.contiguous(), future, future_prefix,
                               keep.contiguous(), x0_out, prefix_out, n, real.view(torch.int8), B,
                               BP=triton.next_power_of_2(B), num_warps=4, **pdl_args(x0))
     return x0_out, prefix_out, n, real
@@ -138,8 +138,8 @@ ACCEPT_TILE = 16384
 
 @triton.jit
 def _accept_kernel(logits_ptr, drafts_ptr, keep_ptr, n_ptr, snap_ptr, packed_ptr, commit_ptr, snaps_ptr, rows_ptr,
-                   fut_ptr, fcommit_ptr, at_ptr, V, G, L: tl.constexpr, LP: tl.constexpr, GP: tl.constexpr,
-                   BV: tl.constexpr, PUBLISH: tl.constexpr, PDL: tl.constexpr):
+                   fut_ptr, fprefix_ptr, at_ptr, prefix_ptr, V, G, L: tl.constexpr, LP: tl.constexpr,
+                   GP: tl.constexpr, BV: tl.constexpr, PUBLISH: tl.constexpr, PDL: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     if PDL:
         gdc_launch_dependents()
@@ -180,10 +180,10 @@ def _accept_kernel(logits_ptr, drafts_ptr, keep_ptr, n_ptr, snap_ptr, packed_ptr
     tl.store(commit_ptr + b, commit.to(tl.int32))
     tl.store(snaps_ptr + b, snap.to(tl.int32))
     tl.store(rows_ptr + b, b * L + tl.maximum(commit - 1, 0))
-    if PUBLISH:  # the next token and the commit, where a step chained onto this one reads them
+    if PUBLISH:  # the next token and the prefix length after the commit, where a step chained onto this one reads them
         at = tl.load(at_ptr + b)
         tl.store(fut_ptr + at, final)
-        tl.store(fcommit_ptr + at, commit.to(tl.int64))
+        tl.store(fprefix_ptr + at, tl.load(prefix_ptr + b) + commit.to(tl.int64))
 
 
 def accept_greedy(logits: torch.Tensor, drafts: torch.Tensor, keep: torch.Tensor, n: torch.Tensor,
@@ -200,12 +200,12 @@ def accept_greedy(logits: torch.Tensor, drafts: torch.Tensor, keep: torch.Tensor
     if publish is not None and any(t.dtype != torch.int64 for t in publish):
         from kestrel.ops.dspark.reference import accept_greedy as ref
         return ref(logits, drafts, keep, n, snap_n, publish)
-    fut, fcommit, at = publish if publish is not None else (rows, rows, rows)
+    fut, fprefix, at, prefix = publish if publish is not None else (rows, rows, rows, rows)
     use_pdl = pdl(logits)
     if B:
         launch(_accept_kernel, (B,), logits.contiguous(), drafts.contiguous(), keep.contiguous(), n.contiguous(),
-               snap_n.contiguous(), packed, commit, snaps, rows, fut, fcommit, at.contiguous(), V, G, L=L,
-               LP=triton.next_power_of_2(L), GP=triton.next_power_of_2(G),
+               snap_n.contiguous(), packed, commit, snaps, rows, fut, fprefix, at.contiguous(), prefix.contiguous(),
+               V, G, L=L, LP=triton.next_power_of_2(L), GP=triton.next_power_of_2(G),
                BV=min(max(16, ACCEPT_TILE // triton.next_power_of_2(L)), triton.next_power_of_2(V)),
                PUBLISH=publish is not None, PDL=use_pdl, launch_pdl=use_pdl, num_warps=8, num_stages=1)
     return packed, commit, snaps, rows
