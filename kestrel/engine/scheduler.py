@@ -211,6 +211,15 @@ class Scheduler:
             prefill = [(r, n) for r, n in work if r.remaining > 1 or r.computed_len == 0]
             if not prefill:
                 reqs = [r for r, _ in work]
+                if self.inflight is not None and self.inflight[0].mode != ForwardMode.VERIFY:
+                    # a prefill in flight samples these requests' last tokens and keeps their features: read it
+                    # first, so that a request it finishes (a stop token, its budget) is released and left out
+                    # rather than verified on memory given back
+                    updated += self._drain()
+                    self._reap()
+                    reqs = [r for r in reqs if not r.finished]
+                    if not reqs:
+                        return None
                 links = self._chain_links()
                 steps = self._launch_steps(reqs, links)
                 chain = {r.rid: (links[r.rid][0], self._chained_drafts(r, *links[r.rid], steps)) for r in reqs

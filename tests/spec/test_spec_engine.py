@@ -577,3 +577,29 @@ def test_prompt_cached_up_to_its_last_token_equals_plain_decoding(tiny64, drafte
         assert done[req.rid].cached_tokens == reused
     assert core.mm.cache.stats.matched_tokens >= 2 * 64
     core.shutdown()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_request_stopping_at_its_first_token_leaves_the_verify_step(tiny64, drafter_dir, overlap):
+    """Requests prefilled together, one of which stops at the first token its prefill samples: with the overlap
+    scheduler that prefill is still in flight when the next (verify) step is planned, and the stopped request must
+    not be in that step (it was: its memory and drafter features were released when the prefill's results were
+    read, and the verify step failed for every request in it)."""
+    prompts = random_prompts(3, seed=41, lo=5, hi=20)
+    first = greedy_reference(tiny64, prompts[0], 1)[0]
+    core = spec_core(tiny64, drafter_dir, speculative_num_draft_tokens=4, disable_overlap_schedule=not overlap,
+                     disable_verify_planner=True)
+    reqs = [core.make_request(p, {**G, "ignore_eos": False, "stop_token_ids": [first] if i == 0 else []})
+            for i, p in enumerate(prompts)]
+    for r in reqs:
+        core.add_request(r)
+    done = {}
+    while core.has_work():
+        for r in core.step():
+            if r.finished:
+                done[r.rid] = r
+    assert done[reqs[0].rid].output_ids == [first]
+    for r, p in zip(reqs[1:], prompts[1:]):
+        want = greedy_reference(tiny64, p, 12, stop_ids=tuple(tiny64.cfg.eos_token_ids))
+        assert done[r.rid].output_ids == want and done[r.rid].finish_reason["type"] != "abort"
+    core.shutdown()
