@@ -59,7 +59,7 @@ class ServerArgs:
     disable_verify_planner: bool = _f(False, "verify every drafted token (no pruning by the verify planner)")
     speculative_launch_steps: int = _f(0, "greedy verify steps one launch chains on the device before the host "
                                           "reads their results (fewer host round trips a token); 0: auto (2 with "
-                                          "CUDA graphs and ReplaySSM, else 1)")
+                                          "CUDA graphs and ReplaySSM below batch 8, else 1)")
     speculative_context_lookup: str = _f("auto", "where the drafter doubts its first token, draft what followed the "
                                                  "latest earlier occurrence of the context's last n-gram instead: on, "
                                                  "off, or auto (the engine's choice: on)")
@@ -140,7 +140,8 @@ class ServerArgs:
     def launch_steps(self) -> int:
         """Verify steps a greedy speculative launch chains (`speculative_launch_steps`). auto: 2 where the step is
         one CUDA graph (CUDA, graphs on, ReplaySSM), where the host's work per launch, not the device, bounded the
-        batch-1 step (docs/benchmarks.md, issue 8); else 1."""
+        batch-1 step (docs/benchmarks.md, issue 8); else 1. (auto takes them below batch 8 only: the scheduler's
+        `AUTO_LAUNCH_MAX_BATCH`.)"""
         if self.speculative_launch_steps:
             return self.speculative_launch_steps
         graphed = (self.resolved_device.type == "cuda" and not self.disable_cuda_graph

@@ -8,9 +8,11 @@ submitted batch holds it (`Req.inflight`).
 
 Speculative verify steps overlap the same way, chained: verify n+1 is built and launched before verify n's
 accepted lengths reach the host. A chained request's last token and prefix length are future references (the
-device adds the steps n commits); its pages cover the worst case (n accepts every draft), and its drafts are capped
-by the budget and context left in that worst case. A request whose step cannot be chained (sampling or penalties,
-which read the tokens before them; near its end; a prefix-cache snapshot in reach; short of pages) waits for n.
+device reads the prefix length n leaves); its pages cover the worst case (n accepts every draft), and its drafts are
+capped by the budget and context left in that worst case. A request whose step cannot be chained (sampling or
+penalties, which read the tokens before them; near its end; a prefix-cache snapshot in reach; short of pages) waits
+for n. One launch may also hold several greedy verify steps (`speculative_launch_steps`), each chained onto the one
+before on the device, built and processed once: its pages, budget and context are taken at the most it can commit.
 """
 
 import concurrent.futures
@@ -33,6 +35,10 @@ log = logging.getLogger(__name__)
 
 # off: each step's page table is built from every request's whole page list (the baseline of HostPageTable)
 PERSISTENT_PAGE_TABLE = True
+# with `speculative_launch_steps` auto, launches of several verify steps only up to this batch: they were measured
+# at batch 1, where the host's work per step bounds it; a large batch's step is long beside that work, and each
+# request stopping early in a launch would waste the launch's later steps on every row
+AUTO_LAUNCH_MAX_BATCH = 7
 
 
 @dataclass
@@ -83,6 +89,7 @@ class Scheduler:
         self.tables = HostPageTable(args.max_running_requests + 16, runner.mem.scratch_page)
         self.spec = args.speculative
         self.launch_steps = args.launch_steps if self.spec else 1
+        self.launch_max_batch = AUTO_LAUNCH_MAX_BATCH if args.speculative_launch_steps == 0 else None
         # requests that finished since the last step returned (whatever the reason), reported exactly once
         self._finished: list[Req] = []
         self.check_invariants = False  # tests turn this on: invariants proved after every step
@@ -456,10 +463,11 @@ class Scheduler:
     def _launch_steps(self, reqs: list[Req], links: dict[str, tuple[int, int]]) -> int:
         """Verify steps the next launch chains (`ServerArgs.launch_steps`; each of gamma drafts): that many where
         every request can take them all at their most (budget, context, no prefix-cache snapshot in reach, pages,
-        grown here, after what a launch in flight may commit: `links`) and the speculative worker would accept them
-        on the device, else 1."""
+        grown here, after what a launch in flight may commit: `links`), the batch is small enough (auto:
+        AUTO_LAUNCH_MAX_BATCH) and the speculative worker would accept them on the device, else 1."""
         steps = self.launch_steps
-        if steps == 1 or not reqs or not self.runner.spec.can_chain_steps(len(reqs)):
+        if (steps == 1 or not reqs or (self.launch_max_batch is not None and len(reqs) > self.launch_max_batch)
+                or not self.runner.spec.can_chain_steps(len(reqs))):
             return 1
         need = steps * (1 + self.args.speculative_num_draft_tokens)
         most = {r.rid: (links[r.rid][1] if r.rid in links else 0) + need for r in reqs}

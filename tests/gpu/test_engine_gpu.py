@@ -93,8 +93,8 @@ def test_speculative_step_graph_equals_host_acceptance(dtype, lookup):
     that accepts on the host (draft, verify and fold graphs, host acceptance): the same kernels on the same shapes,
     so the same tokens and the same accepted drafts per request, and the same final state in every slot. With
     context lookup on, the graph also carries each request's window, and both paths draft from the same windows.
-    The device side runs launches of two steps (the default on CUDA: the step graph replayed twice, the second
-    chained onto the first on the device); the host side one step a launch."""
+    The device side runs launches of two steps (the step graph replayed twice, the second chained onto the first on
+    the device; the default on CUDA below batch 8, set here for a batch of 10); the host side one step a launch."""
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(3, 2000, (int(n),), generator=g).tolist() for n in torch.randint(5, 90, (10,), generator=g)]
     params = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
@@ -104,7 +104,7 @@ def test_speculative_step_graph_equals_host_acceptance(dtype, lookup):
         # different drafts (the same tokens, other accepted counts: this test failed intermittently for that)
         with Engine(speculative_algorithm="dspark", device="cuda", dtype=dtype, skip_tokenizer_init=True, **SMALL_POOLS,
                     disable_radix_cache=True, max_running_requests=16, disable_verify_planner=True,
-                    speculative_context_lookup=lookup, speculative_launch_steps=0 if on_device else 1) as engine:
+                    speculative_context_lookup=lookup, speculative_launch_steps=2 if on_device else 1) as engine:
             worker = engine.core.runner.spec
             assert worker.step_graphs is not None and worker.step_graphs.graphs
             assert worker.lookup == (lookup == "on") and (worker.step_graphs.windows is not None) == worker.lookup
@@ -136,7 +136,7 @@ def test_speculative_step_graph_equals_host_acceptance(dtype, lookup):
             state = [t.clone() for l in engine.core.cfg.kda_layer_ids for t in (mem.conv_state(l), mem.ssm_state(l))]
             runs.append(([(o["output_ids"], o["meta_info"]["spec_accepted_tokens"]) for o in outs], state, steps))
             assert any(used) == on_device
-            assert (max(launches) == 2) == on_device  # (auto: two steps a launch where a graph serves the step)
+            assert (max(launches) == 2) == on_device
     if runs[0][0] != runs[1][0]:
         for i in range(len(prompts)):
             # (a device launch may hold two steps: compare the token streams, and name the launches around the

@@ -603,3 +603,41 @@ def test_request_stopping_at_its_first_token_leaves_the_verify_step(tiny64, draf
         want = greedy_reference(tiny64, p, 12, stop_ids=tuple(tiny64.cfg.eos_token_ids))
         assert done[r.rid].output_ids == want and done[r.rid].finish_reason["type"] != "abort"
     core.shutdown()
+
+
+def test_auto_launch_steps_only_below_batch_eight(tiny64, drafter_dir):
+    """`speculative_launch_steps` auto: two steps a launch where the step is one CUDA graph (here forced on the
+    CPU engine), only in launches of fewer than 8 requests; the outputs stay the reference's."""
+    from kestrel.config import ServerArgs
+    from kestrel.engine import scheduler as sched
+
+    assert ServerArgs(device="cuda", speculative_algorithm="dspark").launch_steps == 2
+    assert ServerArgs(device="cuda", speculative_algorithm="dspark", disable_cuda_graph=True).launch_steps == 1
+    assert ServerArgs(device="cuda", speculative_algorithm="dspark",
+                      speculative_state_rollback="snapshot").launch_steps == 1
+    assert ServerArgs(device="cpu", speculative_algorithm="dspark").launch_steps == 1
+    prompts = random_prompts(10, seed=43, lo=3, hi=20)
+    core = spec_core(tiny64, drafter_dir, speculative_num_draft_tokens=3, disable_verify_planner=True,
+                     max_running_requests=10)
+    core.scheduler.launch_steps = 2  # (what auto gives on CUDA; the cap is auto's)
+    seen, run = [], core.runner.spec.run
+
+    def counted(b):
+        seen.append((len(b.reqs), b.launch_steps))
+        return run(b)
+
+    core.runner.spec.run = counted
+    lens = [12] * 3 + [40] * 7  # three leave early: the batch of ten (room for two steps each) shrinks to seven
+    reqs = [core.make_request(p, {**G, "max_new_tokens": n}) for p, n in zip(prompts, lens)]
+    for r in reqs:
+        core.add_request(r)
+    done = {}
+    while core.has_work():
+        for r in core.step():
+            if r.finished:
+                done[r.rid] = r
+    for r, p, n in zip(reqs, prompts, lens):
+        assert done[r.rid].output_ids == greedy_reference(tiny64, p, n)
+    assert all(steps == 1 for b, steps in seen if b > sched.AUTO_LAUNCH_MAX_BATCH)
+    assert any(steps == 2 for b, steps in seen) and any(b > sched.AUTO_LAUNCH_MAX_BATCH for b, _ in seen)
+    core.shutdown()
