@@ -579,6 +579,16 @@ def test_prompt_cached_up_to_its_last_token_equals_plain_decoding(tiny64, drafte
     core.shutdown()
 
 
+def _run_together(core, reqs) -> dict:
+    """Add every request at once and step until all finish; rid -> request."""
+    for r in reqs:
+        core.add_request(r)
+    done = {}
+    while core.has_work():
+        done.update((r.rid, r) for r in core.step() if r.finished)
+    return done
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_request_stopping_at_its_first_token_leaves_the_verify_step(tiny64, drafter_dir, overlap):
     """Requests prefilled together, one of which stops at the first token its prefill samples: with the overlap
@@ -591,13 +601,7 @@ def test_request_stopping_at_its_first_token_leaves_the_verify_step(tiny64, draf
                      disable_verify_planner=True)
     reqs = [core.make_request(p, {**G, "ignore_eos": False, "stop_token_ids": [first] if i == 0 else []})
             for i, p in enumerate(prompts)]
-    for r in reqs:
-        core.add_request(r)
-    done = {}
-    while core.has_work():
-        for r in core.step():
-            if r.finished:
-                done[r.rid] = r
+    done = _run_together(core, reqs)
     assert done[reqs[0].rid].output_ids == [first]
     for r, p in zip(reqs[1:], prompts[1:]):
         want = greedy_reference(tiny64, p, 12, stop_ids=tuple(tiny64.cfg.eos_token_ids))
@@ -629,13 +633,7 @@ def test_auto_launch_steps_only_below_batch_eight(tiny64, drafter_dir):
     core.runner.spec.run = counted
     lens = [12] * 3 + [40] * 7  # three leave early: the batch of ten (room for two steps each) shrinks to seven
     reqs = [core.make_request(p, {**G, "max_new_tokens": n}) for p, n in zip(prompts, lens)]
-    for r in reqs:
-        core.add_request(r)
-    done = {}
-    while core.has_work():
-        for r in core.step():
-            if r.finished:
-                done[r.rid] = r
+    done = _run_together(core, reqs)
     for r, p, n in zip(reqs, prompts, lens):
         assert done[r.rid].output_ids == greedy_reference(tiny64, p, n)
     assert all(steps == 1 for b, steps in seen if b > sched.AUTO_LAUNCH_MAX_BATCH)
