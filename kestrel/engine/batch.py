@@ -72,8 +72,8 @@ class Batch:
     # (committed steps, physical slot) where the fold leaves a prefix-cache snapshot if that many steps commit
     max_drafts: list[int] = field(default_factory=list)
     spec_snapshots: list[tuple[int, int] | None] | None = None
-    # VERIFY: where each request's last token and committed steps go in the runner's future buffers, and (a verify
-    # chained onto one in flight) the index whose committed steps add to the request's prefix length (-1: none)
+    # VERIFY: where each request's last token and prefix length after its commit go in the runner's future buffers,
+    # and (a verify chained onto one in flight) the index the request's prefix length is read from (-1: none)
     verify_future: list[int] = field(default_factory=list)
     chain_refs: list[int] = field(default_factory=list)
     # VERIFY: greedy verify steps chained in this one launch (each request's later steps chained onto its earlier
