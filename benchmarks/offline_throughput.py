@@ -1,6 +1,7 @@
 """Offline throughput of the engine against a plain one-request-at-a-time generate loop, in one run.
 
     python benchmarks/offline_throughput.py [--models k3-tiny,k3-small] [--concurrency 1,8,64]
+                                            [--num-continuous-decode-steps 1,8]
 
 The loop is the same model and memory pools driven directly (prefill, then one decode forward per token, greedy),
 with no scheduler: at concurrency 1 the engine must be no slower (the scheduler costs ~nothing), at 64 it should
@@ -42,6 +43,31 @@ def plain_loop(model, prompts: list[list[int]], new_tokens: int) -> float:
     return len(prompts) * new_tokens / (time.perf_counter() - start)
 
 
+class ForwardClock:
+    """Seconds spent inside a model's forwards (the instance's `forward` wrapped), so that each side's time outside
+    them (the scheduler's and the runner's host work, against the loop's own) is measured apart from the forwards,
+    whose time drifts with the machine."""
+
+    def __init__(self, model):
+        self.seconds, inner = 0.0, model.forward
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        model.forward = timed
+
+    def outside(self, fn, *args) -> tuple[float, float]:
+        """(fn's result: tokens per second, seconds outside the forwards per output token)."""
+        before, start = self.seconds, time.perf_counter()
+        tps = fn(*args)
+        elapsed = time.perf_counter() - start
+        return tps, (elapsed - (self.seconds - before)) / (tps * elapsed)
+
+
 def engine_run(engine: Engine, prompts, new_tokens: int) -> float:
     params = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
     start = time.perf_counter()
@@ -66,6 +92,9 @@ def main() -> None:
     ap.add_argument("--disable-overlap-schedule", action="store_true",
                     help="the engine steps on the calling thread (on a CPU the forward thread otherwise competes with "
                          "torch's own threads for the cores)")
+    ap.add_argument("--num-continuous-decode-steps", default="1",
+                    help="comma-separated: one engine per value, each run between loop runs (decode steps a launch "
+                         "runs before the scheduler sees their tokens)")
     ap.add_argument("--disable-host-malloc-tuning", action="store_true",
                     help="the engine leaves glibc's malloc thresholds as they are (the settings are process-wide: "
                          "compare the two in separate runs)")
@@ -84,28 +113,38 @@ def main() -> None:
         def prompts(k, vocab):
             return [torch.randint(0, vocab, (args.prompt_len,), generator=gen).tolist() for _ in range(k)]
 
+        steps = [int(s) for s in args.num_continuous_decode_steps.split(",")]
         for c in map(int, args.concurrency.split(",")):
-            engine = Engine(name, **engine_args, max_running_requests=c)
-            model = engine.core.model
+            engines = [Engine(name, **engine_args, max_running_requests=c, num_continuous_decode_steps=s) for s in steps]
+            model = engines[0].core.model
             vocab = model.cfg.vocab_size
-            engine_run(engine, prompts(2, vocab), 4)  # warm-up
+            clocks = [ForwardClock(engine.core.model) for engine in engines]
+            clock = clocks[0]  # (the loop drives the first engine's model)
+            for engine in engines:
+                engine_run(engine, prompts(2, vocab), 4)  # warm-up
             # loop, engine, loop, engine, ..., loop: each engine run against the mean of the loop runs either side
             # of it, so that a machine speeding up or slowing down over the run biases no ratio
-            loops = [plain_loop(model, prompts(args.loop_requests, vocab), args.new_tokens)]
-            pairs = []
+            loops = [clock.outside(plain_loop, model, prompts(args.loop_requests, vocab), args.new_tokens)]
+            pairs = [[] for _ in engines]
             for _ in range(args.repeats):
-                tps = engine_run(engine, prompts(max(c * 2, args.loop_requests), vocab), args.new_tokens)
-                loops.append(plain_loop(model, prompts(args.loop_requests, vocab), args.new_tokens))
-                loop = (loops[-2] + loops[-1]) / 2
-                pairs.append((tps, loop, tps / loop))
-            engine.shutdown()
-            tps, loop, ratio = (statistics.median(p[k] for p in pairs) for k in range(3))
-            rows.append((name, c, tps, loop, ratio))
-            print(f"{name:10s} concurrency {c:3d}: engine {tps:9.1f} tok/s   loop {loop:8.1f} tok/s   x{ratio:6.2f}   "
-                  f"(pairs: {', '.join(f'{p[2]:.2f}' for p in pairs)})", flush=True)
-    print("\n| model | concurrency | engine tok/s | plain loop tok/s | ratio (median of pairs) |\n|---|---|---|---|---|")
-    for name, c, tps, loop, ratio in rows:
-        print(f"| {name} | {c} | {tps:.1f} | {loop:.1f} | {ratio:.2f}x |")
+                for engine, own, kept in zip(engines, clocks, pairs):
+                    tps, host = own.outside(engine_run, engine, prompts(max(c * 2, args.loop_requests), vocab),
+                                            args.new_tokens)
+                    loops.append(clock.outside(plain_loop, model, prompts(args.loop_requests, vocab),
+                                               args.new_tokens))
+                    loop, loop_host = ((a + b) / 2 for a, b in zip(loops[-2], loops[-1]))
+                    kept.append((tps, loop, tps / loop, host * 1e3, loop_host * 1e3))
+            for engine, s, kept in zip(engines, steps, pairs):
+                engine.shutdown()
+                tps, loop, ratio, host, loop_host = (statistics.median(p[k] for p in kept) for k in range(5))
+                rows.append((name, c, s, tps, loop, ratio, host, loop_host))
+                print(f"{name:10s} concurrency {c:3d} decode steps/launch {s}: engine {tps:9.1f} tok/s   loop "
+                      f"{loop:8.1f} tok/s   x{ratio:6.2f}   (pairs: {', '.join(f'{p[2]:.2f}' for p in kept)}); "
+                      f"outside the forwards {host:.3f} against {loop_host:.3f} ms a token", flush=True)
+    print("\n| model | concurrency | decode steps a launch | engine tok/s | plain loop tok/s | ratio (median of pairs) "
+          "| ms a token outside the forwards, engine / loop |\n|---|---|---|---|---|---|---|")
+    for name, c, s, tps, loop, ratio, host, loop_host in rows:
+        print(f"| {name} | {c} | {s} | {tps:.1f} | {loop:.1f} | {ratio:.2f}x | {host:.3f} / {loop_host:.3f} |")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ import torch
 
 # the most verify steps one speculative launch may chain (`speculative_launch_steps`)
 MAX_LAUNCH_STEPS = 8
+# the most plain decode steps one launch may run (`num_continuous_decode_steps`)
+MAX_DECODE_STEPS = 32
 
 
 def _f(default, help: str, **kw):
@@ -42,6 +44,10 @@ class ServerArgs:
     disable_host_malloc_tuning: bool = _f(False, "keep glibc's default malloc thresholds (by default an engine that "
                                                   "computes on the CPU keeps freed host memory in the heap: see "
                                                   "kestrel/engine/host_malloc.py)")
+    num_continuous_decode_steps: int = _f(1, "decode steps one launch runs before the scheduler sees their tokens "
+                                             "(fewer scheduler passes a token; a request that stops early wastes up to "
+                                             "n-1 steps, and tokens stream n at a time). Plain decoding only: a "
+                                             "speculative engine chains verify steps with --speculative-launch-steps")
     schedule_policy: str = _f("fcfs", "admission order: fcfs (first come, first served)")
     # prefix cache
     disable_radix_cache: bool = _f(False, "turn the prefix cache off")
@@ -97,6 +103,10 @@ class ServerArgs:
         need("speculative_num_draft_tokens", self.speculative_num_draft_tokens >= 1, "must be >= 1")
         need("speculative_launch_steps", 0 <= self.speculative_launch_steps <= MAX_LAUNCH_STEPS,
              f"must be in [0, {MAX_LAUNCH_STEPS}] (0: auto)")
+        need("num_continuous_decode_steps", 1 <= self.num_continuous_decode_steps <= MAX_DECODE_STEPS,
+             f"must be in [1, {MAX_DECODE_STEPS}]")
+        need("num_continuous_decode_steps", self.num_continuous_decode_steps == 1 or not self.speculative,
+             "a speculative engine verifies instead of decoding: use --speculative-launch-steps")
         need("speculative_context_lookup", self.speculative_context_lookup in ("auto", "on", "off"),
              "auto, on or off")
         need("speculative_state_rollback", self.speculative_state_rollback in ("replay", "snapshot"),

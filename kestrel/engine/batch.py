@@ -78,7 +78,9 @@ class Batch:
     chain_refs: list[int] = field(default_factory=list)
     # VERIFY: greedy verify steps chained in this one launch (each request's later steps chained onto its earlier
     # ones on the device: `SpecWorker._run_greedy`), and per request the future entries of its steps before the last
-    # (verify_future holds the last one's, which a later launch chains onto)
+    # (verify_future holds the last one's, which a later launch chains onto). DECODE: decode steps in this launch
+    # (`num_continuous_decode_steps`: `ModelRunner._run_steps`), each feeding the next its tokens on the device;
+    # out_cache_loc and future_idx then hold an entry per request per step, step-major, as do the result's tokens
     launch_steps: int = 1
     step_futures: list[list[int]] | None = None
 

@@ -14,7 +14,7 @@ import kestrel.ops as ops
 from kestrel.config import ServerArgs
 from kestrel.engine import host_malloc
 from kestrel.engine.batch import Batch, BatchResult, int_tensor
-from kestrel.engine.sampler import sample, take_plain_greedy
+from kestrel.engine.sampler import SampleOutput, sample, take_plain_greedy
 from kestrel.mem.pools import KVPool, Memory, StatePool
 from kestrel.mem.unified import UnifiedMemory, unified_bytes
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode
@@ -45,7 +45,8 @@ class ModelRunner:
         self.graph_greedy = True
         # sampled tokens the next batch may read before the scheduler has seen them (a speculative step's graph
         # reads this buffer too: allocated before it is captured)
-        self.future_size = 4 * args.max_running_requests * (args.launch_steps if args.speculative else 1) + 16
+        steps = args.launch_steps if args.speculative else args.num_continuous_decode_steps
+        self.future_size = 4 * args.max_running_requests * steps + 16
         self.future = torch.zeros(self.future_size + 1, dtype=torch.long, device=self.device)
         # a verify step's prefix length per request after its commit, beside its last token in `future`: a verify
         # chained onto it takes the request's prefix length from there on the device. The last entry of both is a
@@ -153,6 +154,8 @@ class ModelRunner:
             return self.spec.run(b)
         if self.spec is not None:
             self.spec.interrupted()
+        if b.launch_steps > 1:
+            return self._run_steps(b)
         B = len(b.reqs)
         width = b.page_table.shape[1]
         if (b.mode == ForwardMode.DECODE and self.spec is None and self.graphs is not None
@@ -212,6 +215,42 @@ class ModelRunner:
         if self.spec is not None:
             self.spec.keep_features(b, out.captured, feature_idx)
         return self._sample(b, out, future_idx)
+
+    def _run_steps(self, b: Batch) -> BatchResult:
+        """A launch of b.launch_steps decode steps (`num_continuous_decode_steps`): each step's sampled tokens are the
+        next step's input on the device, and the host reads them all once, after the last. b's cache locations and
+        future entries are step-major ([steps, requests]), and so are the result's tokens; the scheduler gave every
+        request the pages of all its steps and left no prefix-cache snapshot in reach (b.track is None)."""
+        B, k = len(b.reqs), b.launch_steps
+        flat = self.to_device(torch.cat([int_tensor(b.input_ids + b.prefix_lens + b.state_slots + b.out_cache_loc
+                                                    + b.future_idx), b.page_table.view(-1).long()]))
+        ids, pos, slots, locs, future_idx, table = flat.split_with_sizes([B, B, B, k * B, k * B, b.page_table.numel()])
+        table = table.view(B, b.page_table.shape[1])
+        if table.is_cuda:
+            table = table.to(torch.int32)
+        if min(b.input_ids) < 0:
+            ids = torch.where(ids < 0, self.future[(-ids - 1).clamp_min(0)], ids)
+        locs = locs.view(k, B)
+        # positions of every step at once; a step's sequence lengths are the next step's positions
+        pos = pos + torch.arange(k + 1, device=pos.device)[:, None]
+        # plain greedy now is plain greedy at every later step (nothing held back any more): the argmax alone
+        greedy = take_plain_greedy(b.sampling_states, b.want_logprobs, b.top_logprobs_num, steps=k)
+        steps = []
+        for j in range(k):
+            fb = ForwardBatch(ForwardMode.DECODE, ids, pos[j], [1] * B, [p + j for p in b.prefix_lens], mem=self.mem,
+                              page_table=table, out_cache_loc=locs[j], state_slots=slots, seq_lens_t=pos[j + 1])
+            out = self.graphs.run(fb) if self.graphs is not None and self.graphs.can_run(fb) else self.model(fb)
+            s = (SampleOutput(ops.argmax(out.logits), None, None) if greedy else
+                 sample(out.logits, b.sampling_states, b.want_logprobs, b.top_logprobs_num))
+            ids = s.tokens
+            steps.append(s)
+        tokens = torch.cat([s.tokens for s in steps])
+        self.future[future_idx] = tokens
+        logprobs = torch.cat([s.logprobs for s in steps]) if b.want_logprobs or b.top_logprobs_num else None
+        top = None
+        if b.top_logprobs_num:
+            top = tuple(torch.cat([s.top_logprobs[i] for s in steps]) for i in range(2))
+        return BatchResult.pending(tokens, logprobs, top)
 
     def _sample(self, b: Batch, out, future_idx: torch.Tensor) -> BatchResult:
         """Sample the batch's sample rows from out.logits (one row each), publish the tokens to the future buffer

@@ -30,7 +30,8 @@ class Req:
     status: ReqStatus = ReqStatus.WAITING
     # progress, in the scheduler's view: tokens whose KV and state the submitted forwards produce
     computed_len: int = 0
-    # sampled tokens whose values the scheduler has not seen yet (overlap scheduling: 0 or 1)
+    # sampled tokens whose values the scheduler has not seen yet (overlap scheduling: 0 or 1; a launch of several
+    # decode steps: up to its steps)
     pending: int = 0
     # submitted batches including this request whose results are not processed yet
     inflight: int = 0

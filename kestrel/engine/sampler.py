@@ -145,14 +145,15 @@ def sample(logits: torch.Tensor, states: list[SamplingState], want_logprobs: boo
     return SampleOutput(tokens, logprobs, top)
 
 
-def take_plain_greedy(states: list[SamplingState], want_logprobs: bool, top_logprobs_num: int) -> bool:
+def take_plain_greedy(states: list[SamplingState], want_logprobs: bool, top_logprobs_num: int,
+                      steps: int = 1) -> bool:
     """Whether a batch's tokens are its rows' plain argmax with nothing else asked of the step (every row plain
-    greedy, no logprobs). If so the states advance as `sample` would advance them, and the caller's argmax (a
-    decode graph's) stands for `sample`'s."""
+    greedy, no logprobs). If so the states advance as `sample` would advance them (over `steps` steps: a row plain
+    greedy now stays so), and the caller's argmax (a decode graph's) stands for `sample`'s."""
     if want_logprobs or top_logprobs_num or not all(st.plain_greedy for st in states):
         return False
     for st in states:
-        st.step += 1
+        st.step += steps
     return True
 
 

@@ -13,6 +13,8 @@ capped by the budget and context left in that worst case. A request whose step c
 penalties, which read the tokens before them; near its end; a prefix-cache snapshot in reach; short of pages) waits
 for n. One launch may also hold several greedy verify steps (`speculative_launch_steps`), each chained onto the one
 before on the device, built and processed once: its pages, budget and context are taken at the most it can commit.
+A plain decode launch may likewise run several decode steps (`num_continuous_decode_steps`), built and processed
+once, each step's tokens feeding the next on the device; a request that stops inside it drops its later tokens.
 """
 
 import concurrent.futures
@@ -39,6 +41,20 @@ PERSISTENT_PAGE_TABLE = True
 # at batch 1, where the host's work per step bounds it; a large batch's step is long beside that work, and each
 # request stopping early in a launch would waste the launch's later steps on every row
 AUTO_LAUNCH_MAX_BATCH = 7
+
+
+def _step_major(values: list[int], steps: int) -> list[int]:
+    """Per-request runs of `steps` values (request-major) reordered step-major."""
+    return [x for j in range(steps) for x in values[j::steps]]
+
+
+def _keep_logprobs(r: Req, logprob: float, top: list | None) -> None:
+    """A new token's logprob (and top alternatives) for r, if it asked for them (a batch computes them for every row
+    when one does)."""
+    if r.return_logprob or r.top_logprobs_num:
+        r.output_logprobs.append(logprob)
+        if r.top_logprobs_num and top is not None:
+            r.output_top_logprobs.append(top[: r.top_logprobs_num])
 
 
 @dataclass
@@ -90,6 +106,7 @@ class Scheduler:
         self.spec = args.speculative
         self.launch_steps = args.launch_steps if self.spec else 1
         self.launch_max_batch = AUTO_LAUNCH_MAX_BATCH if args.speculative_launch_steps == 0 else None
+        self.decode_steps = 1 if self.spec else args.num_continuous_decode_steps
         # requests that finished since the last step returned (whatever the reason), reported exactly once
         self._finished: list[Req] = []
         self.check_invariants = False  # tests turn this on: invariants proved after every step
@@ -166,9 +183,9 @@ class Scheduler:
         return updated
 
     def _count(self, batch: Batch) -> None:
-        self.stats.forwards += 1
+        self.stats.forwards += batch.launch_steps if batch.mode == ForwardMode.DECODE else 1
         if batch.mode == ForwardMode.DECODE:
-            self.stats.decode_steps += 1
+            self.stats.decode_steps += batch.launch_steps
         for r in batch.reqs:
             r.inflight += 1
 
@@ -238,10 +255,12 @@ class Scheduler:
                     steps = self._launch_steps(reqs, {})
                 return self._build_verify(reqs, chain, steps)
             work = prefill
-        work = self._grow_all(work)
+        steps = self._decode_steps(work)
+        if steps == 1:
+            work = self._grow_all(work)
         if not work:
             return None
-        return self._build(work)
+        return self._build(work, steps)
 
     def _grow_all(self, work: list[tuple[Req, int]]) -> list[tuple[Req, int]]:
         """_grow for every (request, tokens) of a step, keeping those that got their pages: one check and one
@@ -257,6 +276,22 @@ class Scheduler:
             r.pages.extend(pages[at : at + need])
             at += need
         return work
+
+    def _decode_steps(self, work: list[tuple[Req, int]]) -> int:
+        """Decode steps the next launch runs (`num_continuous_decode_steps`), pages grown for them: that many, or as
+        many as every request can take (its budget, the context, no prefix-cache snapshot in reach), when the step
+        decodes only and the pages fit; else 1 (and no pages grown)."""
+        steps = self.decode_steps
+        if steps == 1 or not work or any(n != 1 or r.computed_len == 0 for r, n in work):
+            return 1
+        for r, _ in work:
+            steps = min(steps, r.budget_left, self.context_len - r.total_len)
+            while steps > 1 and not self.mm.cache.snapshot_quiet(r, steps):
+                steps -= 1
+        if steps == 1 or not self.mm.can_alloc(sum(self.mm.pages_needed(r, steps) for r, _ in work), 0):
+            return 1
+        self._grow_all([(r, steps) for r, _ in work])
+        return steps
 
     def _running_work(self) -> list[tuple[Req, int]]:
         """(request, tokens to feed) for running requests: decodes first, then prefill chunks in arrival order."""
@@ -355,7 +390,9 @@ class Scheduler:
             r.pages.extend(self.mm.mem.alloc_pages(need))  # (can_alloc made the room: no second check)
         return True
 
-    def _build(self, work: list[tuple[Req, int]]) -> Batch:
+    def _build(self, work: list[tuple[Req, int]], steps: int = 1) -> Batch:
+        """The batch feeding each (request, tokens) of work; with steps > 1 (`_decode_steps`: decode only) a launch
+        of that many decode steps, whose cache locations and future entries are step-major."""
         mm = self.mm
         ids, ext, pre, sample_rows, future_idx, states, track, feature_rows = [], [], [], [], [], [], [], []
         decode_only = all(n == 1 and r.computed_len > 0 for r, n in work)
@@ -367,7 +404,7 @@ class Scheduler:
                 ids += [-(self.future_of[r.rid] + 1)] * (start + n - known)
             ext.append(n)
             pre.append(start)
-            restore, tr = mm.cache.movements(r, n, mm)
+            restore, tr = mm.cache.movements(r, n + steps - 1, mm)
             if restore is not None:
                 mm.restore(*restore)
             track.append(tr)
@@ -377,18 +414,21 @@ class Scheduler:
                 feature_rows.append(row)
             if start + n == r.total_len:
                 sample_rows.append(row)
-                self.future_of[r.rid] = self.future_next
-                future_idx.append(self.future_next)
-                self.future_next = (self.future_next + 1) % self.runner.future_size
+                for _ in range(steps):
+                    future_idx.append(self.future_next)
+                    self.future_next = (self.future_next + 1) % self.runner.future_size
+                self.future_of[r.rid] = future_idx[-1]
                 states.append(self.states[r.rid])
-                r.pending += 1
-            r.computed_len += n
+                r.pending += steps
+            r.computed_len += n + steps - 1
             mm.cache.after_forward(r, mm)
         # physical ids only now, after every allocation and free of this pass (the unified pool may have moved
         # blocks; the moves run first on the forward stream)
         reqs = [r for r, _ in work]
         table = self._page_table(reqs)
-        locs = self._cache_locs(reqs, pre, ext)
+        locs = self._cache_locs(reqs, pre, [n + steps - 1 for n in ext])
+        if steps > 1:
+            locs, future_idx = _step_major(locs, steps), _step_major(future_idx, steps)
         # a snapshot whose slot was freed in this pass (its checkpoint already existed) is not written at all:
         # the slot may already belong to someone else
         live = mm.state.slots.used
@@ -400,7 +440,7 @@ class Scheduler:
             feature_rows=feature_rows,
             sampling_states=states, want_logprobs=any(reqs[i].return_logprob for i in sample_rows),
             top_logprobs_num=max([reqs[i].top_logprobs_num for i in sample_rows], default=0),
-            mem_ops=mm.take_ops(), track=track if any(t is not None for t in track) else None)
+            mem_ops=mm.take_ops(), track=track if any(t is not None for t in track) else None, launch_steps=steps)
 
     def _page_table(self, reqs: list[Req]) -> torch.Tensor:
         """The requests' physical pages as a [len(reqs), longest] int32 CPU table padded with the scratch page: from
@@ -451,7 +491,7 @@ class Scheduler:
             return None  # the launch in flight may end the request
         drafts = max(0, min(gamma, budget - 1, self.context_len - total - 1))
         steps = in_flight + 1 + drafts
-        if not self.mm.cache.spec_quiet(r, steps) or not self._grow(r, steps):
+        if not self.mm.cache.snapshot_quiet(r, steps) or not self._grow(r, steps):
             return None
         return drafts
 
@@ -474,7 +514,7 @@ class Scheduler:
         for r in reqs:
             m = most[r.rid]
             if (not self._chainable(r) or r.budget_left - (m - need) < need or r.total_len + m > self.context_len
-                    or not self.mm.cache.spec_quiet(r, m)):
+                    or not self.mm.cache.snapshot_quiet(r, m)):
                 return 1
         # (pages grown for a launch that falls back to one step stay the request's, for its next steps)
         return steps if all(self._grow(r, most[r.rid]) for r in reqs) else 1
@@ -554,9 +594,8 @@ class Scheduler:
                 r.output_ids.append(tok)
                 self.stats.generation_tokens += 1
                 if result.spec_logprobs is not None:
-                    r.output_logprobs.append(result.spec_logprobs[i][j])
-                    if r.top_logprobs_num and result.spec_top_logprobs[i] is not None:
-                        r.output_top_logprobs.append(result.spec_top_logprobs[i][j][: r.top_logprobs_num])
+                    tops = result.spec_top_logprobs[i]
+                    _keep_logprobs(r, result.spec_logprobs[i][j], None if tops is None else tops[j])
                 if r.first_token_at is None:
                     r.first_token_at = now
                 self._check_finish(r, tok)
@@ -575,22 +614,21 @@ class Scheduler:
                     self._finish(r, {"type": "abort", "message": f"internal error: {result}"})
             if batch.mode != ForwardMode.VERIFY:  # a verify step leaves no token pending
                 for row in batch.sample_rows:
-                    batch.reqs[row].pending -= 1
+                    batch.reqs[row].pending -= batch.launch_steps
             self._reap()
             return updated
         now = time.monotonic()
-        for k, row in enumerate(batch.sample_rows):
+        rows = batch.sample_rows * batch.launch_steps  # (a launch of several decode steps: step-major tokens)
+        for k, row in enumerate(rows):
             r = batch.reqs[row]
             r.pending -= 1
             if r.finished:
-                continue
+                continue  # (a launch's tokens after the one that finished r are dropped)
             tok = result.tokens[k]
             r.output_ids.append(tok)
             self.stats.generation_tokens += 1
             if result.logprobs is not None:
-                r.output_logprobs.append(result.logprobs[k])
-            if result.top_logprobs is not None:
-                r.output_top_logprobs.append(result.top_logprobs[k][: r.top_logprobs_num])
+                _keep_logprobs(r, result.logprobs[k], None if result.top_logprobs is None else result.top_logprobs[k])
             if r.first_token_at is None:
                 r.first_token_at = now
             self._check_finish(r, tok)
@@ -598,7 +636,7 @@ class Scheduler:
         for r in batch.reqs:
             r.inflight -= 1
         self._reap()
-        return updated
+        return updated if batch.launch_steps == 1 else list({id(r): r for r in updated}.values())
 
     def _check_finish(self, r: Req, tok: int) -> None:
         p = r.params

@@ -44,9 +44,10 @@ class NoCache:
     def spec_after(self, req: Req, taken: bool, mm: "MemoryManager") -> None:
         """Whether the fold reached the snapshot spec_snapshot asked for."""
 
-    def spec_quiet(self, req: Req, max_steps: int) -> bool:
+    def snapshot_quiet(self, req: Req, max_steps: int) -> bool:
         """Whether the next max_steps tokens past req's computed_len need no snapshot and none is pending: verify
-        steps chained onto one in flight (positions only the device knows) take no snapshots."""
+        steps chained onto one in flight (positions only the device knows) and a launch of several decode steps take
+        no snapshots."""
         return True
 
     def release(self, req: Req, mm: "MemoryManager", keep: bool) -> None:

@@ -247,7 +247,7 @@ class RadixCache:
         info.scheduled = (pos, slot, False)
         return pos - start, slot
 
-    def spec_quiet(self, req: Req, max_steps: int) -> bool:
+    def snapshot_quiet(self, req: Req, max_steps: int) -> bool:
         info = self.reqs[req.rid]
         pos = (req.computed_len // self.interval + 1) * self.interval
         return info.scheduled is None and pos > req.computed_len + max_steps

@@ -29,13 +29,15 @@ def reference_greedy(model, prompt, n):
     return out, gaps
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-@pytest.mark.parametrize("unified", [False, True])
-def test_engine_on_gpu_matches_the_reference_path(overlap, unified):
+@pytest.mark.parametrize("overlap,unified,steps", [(True, False, 1), (False, False, 1), (True, True, 1),
+                                                   (False, True, 1), (True, False, 4), (False, False, 4)])
+def test_engine_on_gpu_matches_the_reference_path(overlap, unified, steps):
+    """steps: decode steps a launch (`num_continuous_decode_steps`; each step a graph replay)."""
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 4096, (int(n),), generator=g).tolist() for n in torch.randint(5, 200, (16,), generator=g)]
     with Engine("k3-tiny", device="cuda", dtype="float32", skip_tokenizer_init=True, page_size=16, **SMALL_POOLS,
-                disable_overlap_schedule=not overlap, enable_unified_memory=unified, cuda_graph_max_bs=32) as engine:
+                disable_overlap_schedule=not overlap, enable_unified_memory=unified, cuda_graph_max_bs=32,
+                num_continuous_decode_steps=steps) as engine:
         assert engine.core.runner.graphs is not None
         outs = engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 24, "temperature": 0,
                                                                     "ignore_eos": True})
