@@ -150,7 +150,7 @@ class ServerArgs:
     def launch_steps(self) -> int:
         """Verify steps a greedy speculative launch chains (`speculative_launch_steps`). auto: 2 where the step is
         one CUDA graph (CUDA, graphs on, ReplaySSM), where the host's work per launch, not the device, bounded the
-        batch-1 step (docs/benchmarks.md, issue 8); else 1. (auto takes them below batch 8 only: the scheduler's
+        batch-1 step (docs/benchmarks.md, issue 8); else 1. (auto takes them below batch 8 only: verify_schedule.py's
         `AUTO_LAUNCH_MAX_BATCH`.)"""
         if self.speculative_launch_steps:
             return self.speculative_launch_steps

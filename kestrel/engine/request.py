@@ -89,3 +89,11 @@ class Req:
     def budget_left(self) -> int:
         """Output tokens this request may still produce, counting the pending ones as produced."""
         return self.params.max_new_tokens - len(self.output_ids) - self.pending
+
+    def keep_logprobs(self, logprob: float, top: list | None) -> None:
+        """A new token's logprob (and top alternatives) if this request asked for them (a batch computes them for
+        every row when one row does)."""
+        if self.return_logprob or self.top_logprobs_num:
+            self.output_logprobs.append(logprob)
+            if self.top_logprobs_num and top is not None:
+                self.output_top_logprobs.append(top[: self.top_logprobs_num])

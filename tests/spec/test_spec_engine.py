@@ -510,7 +510,7 @@ def test_auto_launch_steps_only_below_batch_eight(tiny64, drafter_dir):
     """`speculative_launch_steps` auto: two steps a launch where the step is one CUDA graph (here forced on the
     CPU engine), only in launches of fewer than 8 requests; the outputs stay the reference's."""
     from kestrel.config import ServerArgs
-    from kestrel.engine import scheduler as sched
+    from kestrel.engine import verify_schedule as sched
 
     assert ServerArgs(device="cuda", speculative_algorithm="dspark").launch_steps == 2
     assert ServerArgs(device="cuda", speculative_algorithm="dspark", disable_cuda_graph=True).launch_steps == 1
