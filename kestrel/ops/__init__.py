@@ -90,11 +90,13 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     """torch.argmax(x, -1): the first index of each row's largest value (a NaN counts as largest), as int64 on x's
     device. CUDA rows go through a Triton kernel (ops/reduce_triton.py). fp32 / fp64 CPU tensors go through NumPy,
     whose vectorised argmax this torch build's CPU kernel is 10-25x slower than (a [64, 4096] fp32 batch: 520
-    against 22 us on one core; `tests/ops/test_misc_ops.py` compares the two on ties, NaNs and infinities)."""
+    against 22 us on one core; `tests/ops/test_misc_ops.py` compares the two on ties, NaNs and infinities). A
+    single row stays with torch: between a batch-1 decode's forwards it took 20 us a call there against 40 through
+    NumPy (k3-small, ad hoc; in a tight loop both take a few us)."""
     if x.device.type == "cuda":  # one Triton program per row (ops/reduce_triton.py) where it serves
         fn = kernel(__name__ + ".reduce_triton", "argmax", x)
         out = fn(x) if fn is not None else None
         return out if out is not None else x.argmax(-1)
-    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.dim() == 0:
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.numel() == x.shape[-1:].numel():
         return x.argmax(-1)
     return torch.from_numpy(np.asarray(x.detach().numpy().argmax(-1), dtype=np.int64))
