@@ -94,3 +94,29 @@ def test_decode_steps_argument_checks():
         ServerArgs(num_continuous_decode_steps=0)
     with pytest.raises(ValueError, match="speculative-launch-steps"):
         ServerArgs(num_continuous_decode_steps=4, speculative_algorithm="dspark")
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_abort_inside_a_launch(tiny64, overlap):
+    """A request aborted while a launch of several steps holds it keeps only tokens of the reference (none after
+    the abort), its memory comes back once the launch is processed, and the others finish exactly."""
+    core = make_core(tiny64, num_continuous_decode_steps=6, disable_overlap_schedule=not overlap,
+                     disable_radix_cache=True)
+    params = {"max_new_tokens": 20, "temperature": 0, "ignore_eos": True}
+    reqs = [core.make_request(p, params) for p in PROMPTS[:3]]
+    for r in reqs:
+        core.add_request(r)
+    victim = reqs[1]
+    while len(victim.output_ids) < 2 or (overlap and core.scheduler.inflight is None):
+        core.step()
+    assert victim.inflight or not overlap  # (with overlap, a launch holding it is in flight now)
+    kept = len(victim.output_ids)
+    assert core.abort(victim.rid)
+    while core.has_work():
+        core.step()
+    assert victim.finish_reason["type"] == "abort" and victim.output_ids == greedy_reference(tiny64, victim.prompt_ids, kept)
+    for r in (reqs[0], reqs[2]):
+        assert r.output_ids == greedy_reference(tiny64, r.prompt_ids, 20)
+    assert core.mm.num_free_pages == core.mm.kv.pages.capacity
+    assert core.mm.num_free_slots == core.mm.state.slots.capacity
+    core.shutdown()
