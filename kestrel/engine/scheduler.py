@@ -39,15 +39,6 @@ def _step_major(values: list[int], steps: int) -> list[int]:
     return [x for j in range(steps) for x in values[j::steps]]
 
 
-def _keep_logprobs(r: Req, logprob: float, top: list | None) -> None:
-    """A new token's logprob (and top alternatives) for r, if it asked for them (a batch computes them for every row
-    when one does)."""
-    if r.return_logprob or r.top_logprobs_num:
-        r.output_logprobs.append(logprob)
-        if r.top_logprobs_num and top is not None:
-            r.output_top_logprobs.append(top[: r.top_logprobs_num])
-
-
 @dataclass
 class SchedulerStats:
     prompt_tokens: int = 0  # prompt tokens admitted (cache hits included)

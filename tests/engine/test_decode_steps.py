@@ -87,6 +87,8 @@ def test_sampling_penalties_and_logprobs_match_single_steps(tiny64):
         for a, b in zip(one[2], launched[2]):
             assert [t for t, _ in a] == [t for t, _ in b] and [v for _, v in a] == pytest.approx([v for _, v in b])
     assert len(runs[0][0][1]) == 17 and len(runs[0][0][2]) == 17
+    # requests batched with one that asks for logprobs keep none (the batch computes them for every row)
+    assert all(not lps and not tops for run in runs for _, lps, tops, _ in run[1:])
 
 
 def test_decode_steps_argument_checks():
