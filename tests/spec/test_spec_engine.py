@@ -8,6 +8,7 @@ import torch
 from kestrel.engine.sampler import SamplingState
 from kestrel.engine.sampling_params import SamplingParams
 from kestrel.spec import lookup
+from kestrel.spec import planning as planning_mod
 from kestrel.spec import worker as worker_mod
 from kestrel.spec.drafter import DSparkDrafter
 from kestrel.spec.verify import accept
@@ -447,7 +448,7 @@ def test_lookup_acceptance_estimate_counts_the_positions_tried():
     w = worker_mod.SpecWorker.__new__(worker_mod.SpecWorker)
     w.lookup_accept = [0.5] * 4
     w._learn_lookup([(4, 1)])  # accepted position 0, rejected position 1
-    a = worker_mod.LOOKUP_ACCEPT_EMA
+    a = planning_mod.LOOKUP_ACCEPT_EMA
     assert w.lookup_accept == pytest.approx([0.5 + a * 0.5, 0.5 - a * 0.5, 0.5, 0.5])
     w._learn_lookup([(2, 2), (0, 0)])  # both kept drafts accepted: nothing past them was tried; none kept: nothing
     assert w.lookup_accept[2:] == [0.5, 0.5] and w.lookup_accept[1] > 0.5 - a * 0.5
