@@ -72,8 +72,13 @@ class Scheduler(VerifyScheduling):
         self.overlap = args.overlap
         # on a GPU a batch is launched from this thread (the runner only queues device work: graph replays, copies
         # into pinned memory, and the previous batch is processed while it runs); on a CPU the forward computes, so
-        # it runs on a thread of its own
-        self.forward = ForwardThread(runner) if args.overlap and runner.device.type != "cuda" else None
+        # it runs on a thread of its own, unless torch computes with several threads: a forward thread would then
+        # start an OpenMP team of its own beside this thread's, and with more OpenMP threads than cores libgomp
+        # throttles its spin-waits, so every parallel region of either team pays futex wake-ups (k3-small, two
+        # threads: concurrency 64 at 675 against 1532 tok/s, a batch-1 generate loop in the same process at 33
+        # against 123 tok/s while the engine lived). There the overlapped batches run on this thread.
+        cpu_thread = args.overlap and runner.device.type != "cuda" and torch.get_num_threads() == 1
+        self.forward = ForwardThread(runner) if cpu_thread else None
         # on a CPU a one-request batch runs on this thread even with overlap on: the forward is mostly Python, so a
         # second thread only fights it for the GIL, and with one request there is almost nothing to overlap
         # (k3-tiny, one request, interleaved runs: 158.5 against 139.4 tok/s on the forward thread; k3-small even)

@@ -1,6 +1,7 @@
 """The exactness contract for batching: every request's greedy tokens equal the single-request reference."""
 
 import pytest
+import torch
 
 from tests.engine.helpers import drive, greedy_reference, make_core, random_prompts
 
@@ -65,4 +66,28 @@ def test_cpu_single_request_runs_on_the_scheduler_thread(tiny64):
         overlapped += core.scheduler.inflight is not None
     assert overlapped > 0
     assert [r.output_ids for r in pair] == [greedy_reference(tiny64, p, 6) for p in ([9, 10, 11], [12, 13])]
+    core.shutdown()
+
+
+def test_cpu_with_several_threads_overlaps_on_the_scheduler_thread(tiny64):
+    """With torch computing on several threads, a CPU engine starts no forward thread (a second OpenMP team would
+    throttle both teams' spin-waits): overlapped batches run on the scheduler thread, outputs exact."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        core = make_core(tiny64, disable_overlap_schedule=False, disable_radix_cache=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert core.scheduler.overlap and core.scheduler.forward is None
+    params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    prompts = ([9, 10, 11], [12, 13], [14, 15, 16, 17])
+    reqs = [core.make_request(p, params) for p in prompts]
+    for r in reqs:
+        core.add_request(r)
+    deferred = 0
+    while core.has_work():
+        core.step()
+        deferred += core.scheduler.inflight is not None
+    assert deferred > 0  # the overlap's order: a batch's results processed a step later
+    assert [r.output_ids for r in reqs] == [greedy_reference(tiny64, p, 6) for p in prompts]
     core.shutdown()
