@@ -57,16 +57,22 @@ def test_cpu_single_request_runs_on_the_scheduler_thread(tiny64):
         core.step()
         assert core.scheduler.inflight is None
     assert one.output_ids == greedy_reference(tiny64, [5, 6, 7, 8], 6)
-    pair = [core.make_request(p, params) for p in ([9, 10, 11], [12, 13])]
-    for r in pair:
+    assert _run_counting_inflight(core, tiny64, ([9, 10, 11], [12, 13])) > 0
+    core.shutdown()
+
+
+def _run_counting_inflight(core, model, prompts) -> int:
+    """Run greedy requests for prompts to the end, checking each against the reference; returns how many steps
+    left a batch in flight (results processed a step later: the overlap's order)."""
+    reqs = [core.make_request(p, {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}) for p in prompts]
+    for r in reqs:
         core.add_request(r)
-    overlapped = 0
+    inflight = 0
     while core.has_work():
         core.step()
-        overlapped += core.scheduler.inflight is not None
-    assert overlapped > 0
-    assert [r.output_ids for r in pair] == [greedy_reference(tiny64, p, 6) for p in ([9, 10, 11], [12, 13])]
-    core.shutdown()
+        inflight += core.scheduler.inflight is not None
+    assert [r.output_ids for r in reqs] == [greedy_reference(model, p, 6) for p in prompts]
+    return inflight
 
 
 def test_cpu_with_several_threads_overlaps_on_the_scheduler_thread(tiny64):
@@ -79,15 +85,5 @@ def test_cpu_with_several_threads_overlaps_on_the_scheduler_thread(tiny64):
     finally:
         torch.set_num_threads(threads)
     assert core.scheduler.overlap and core.scheduler.forward is None
-    params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
-    prompts = ([9, 10, 11], [12, 13], [14, 15, 16, 17])
-    reqs = [core.make_request(p, params) for p in prompts]
-    for r in reqs:
-        core.add_request(r)
-    deferred = 0
-    while core.has_work():
-        core.step()
-        deferred += core.scheduler.inflight is not None
-    assert deferred > 0  # the overlap's order: a batch's results processed a step later
-    assert [r.output_ids for r in reqs] == [greedy_reference(tiny64, p, 6) for p in prompts]
+    assert _run_counting_inflight(core, tiny64, ([9, 10, 11], [12, 13], [14, 15, 16, 17])) > 0
     core.shutdown()
