@@ -24,16 +24,19 @@ def _launches(core) -> list[int]:
     return seen
 
 
-@pytest.mark.parametrize("steps", [3, 8])
-@pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("overlap", [False, True])
-def test_decode_launches_are_exact(tiny64, steps, page_size, overlap):
+@pytest.mark.parametrize("steps,page_size,overlap,unified", [
+    (s, p, o, False) for s in (3, 8) for p in (1, 16) for o in (False, True)] + [(5, 16, True, True)])
+def test_decode_launches_are_exact(tiny64, steps, page_size, overlap, unified):
     """Budgets that end inside a launch, stop tokens met inside one, prefix-cache snapshots every 64 decode tokens
-    (launches shorten to leave them to single steps), and a pool small enough to retract: every request's tokens
-    and finish equal the single-request reference, pools empty at the end."""
+    (launches shorten to leave them to single steps), and a pool small enough to retract (unified: one byte pool
+    for pages and state slots, blocks moved as it fills): every request's tokens and finish equal the
+    single-request reference, pools empty at the end."""
     rng = random.Random(steps * 10 + page_size)
-    core = make_core(tiny64, page_size=page_size, max_total_tokens=224, chunked_prefill_size=64,
-                     disable_overlap_schedule=not overlap, num_continuous_decode_steps=steps, state_track_interval=64)
+    # (the unified pool lends free slots' bytes to pages: fewer tokens there for the same pressure)
+    pools = {"max_total_tokens": 112, "max_state_slots": 10} if unified else {"max_total_tokens": 224}
+    core = make_core(tiny64, page_size=page_size, chunked_prefill_size=64, disable_overlap_schedule=not overlap,
+                     num_continuous_decode_steps=steps, state_track_interval=64, enable_unified_memory=unified,
+                     **pools)
     launches = _launches(core)
     reqs, expected = [], {}
     for p in PROMPTS:
