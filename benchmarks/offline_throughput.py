@@ -6,7 +6,9 @@
 The loop is the same model and memory pools driven directly (prefill, then one decode forward per token, greedy),
 with no scheduler: at concurrency 1 the engine must be no slower (the scheduler costs ~nothing), at 64 it should
 be >= 20x faster (batching). Each concurrency runs --repeats engine runs, each between two loop runs (its ratio
-is against their mean), and reports the medians. Output tokens per second; prompts are random token ids.
+is against their mean), and reports the medians. Output tokens per second; prompts are random token ids. Each
+side's wall time outside the model's forwards (`ForwardClock`) is reported per output token too: the host's own
+cost, which the forwards' drift between runs does not blur.
 """
 
 import argparse
