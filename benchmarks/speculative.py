@@ -172,8 +172,9 @@ def main() -> None:
                     help="section 2: requests stop at EOS, as served (default: every request decodes --new-tokens, "
                          "past EOS, the figures of earlier runs)")
     ap.add_argument("--launch-steps", default="1",
-                    help="section 2 on CUDA: also dspark+overlap with launches of these many verify steps at most, "
-                         "beside the engine's default (comma-separated; empty: none)")
+                    help="section 2: also dspark+overlap with launches of these many verify steps at most, beside "
+                         "the engine's default (2 on CUDA with graphs, else 1; comma-separated, the default's own value "
+                         "skipped)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads on a CPU (both sides)")
     ap.add_argument("--dtype", default="float32")
@@ -220,8 +221,10 @@ def main() -> None:
         sides = {"plain": {}, "plain+overlap": {"disable_overlap_schedule": False},
                  "dspark": {"speculative_algorithm": "dspark"},
                  "dspark+overlap": {"speculative_algorithm": "dspark", "disable_overlap_schedule": False}}
-        if args.device == "cuda":  # the engine's launches of two verify steps (its default there) against others
-            for k in filter(None, args.launch_steps.split(",")):
+        # the engine's default launches of verify steps (2 on CUDA with graphs, else 1) against the others asked for
+        auto = ServerArgs(device=args.device, speculative_algorithm="dspark").launch_steps
+        for k in filter(None, args.launch_steps.split(",")):
+            if int(k) != auto:
                 sides[f"dspark+overlap/{k}"] = {**sides["dspark+overlap"], "speculative_launch_steps": int(k)}
         times = {key: [] for key in sides}
         e2e = {key: [] for key in sides}
