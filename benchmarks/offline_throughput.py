@@ -9,6 +9,11 @@ be >= 20x faster (batching). Each concurrency runs --repeats engine runs, each b
 is against their mean), and reports the medians. Output tokens per second; prompts are random token ids. Each
 side's wall time outside the model's forwards (`ForwardClock`) is reported per output token too: the host's own
 cost, which the forwards' drift between runs does not blur.
+
+--matmul-bound profiles one more engine run at each concurrency and sums the self time of its matrix products
+(`aten::mm`, `bmm`, `addmm`, `baddbmm`, ...) per output token: the loop's time a token over it is the ratio the
+engine could reach on this machine if everything but its matrix products were free (a ceiling, measured in the
+same run as both sides).
 """
 
 import argparse
@@ -16,6 +21,7 @@ import statistics
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from kestrel import Engine
 from kestrel.mem.pools import KVPool, Memory, StatePool
@@ -79,6 +85,20 @@ def engine_run(engine: Engine, prompts, new_tokens: int) -> float:
     return len(prompts) * new_tokens / elapsed
 
 
+MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addmv", "aten::mv", "aten::addbmm",
+              "aten::mkldnn_linear", "aten::_mkl_linear")
+
+
+def matmul_ms_per_token(engine: Engine, prompts, new_tokens: int) -> float:
+    """Self time of the matrix products of one engine run (profiled, every thread), in ms per output token."""
+    every_thread = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)  # the overlap's forward thread
+    with profile(activities=[ProfilerActivity.CPU], experimental_config=every_thread) as prof:
+        engine_run(engine, prompts, new_tokens)
+    ops = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+    assert any(k in ops for k in MATMUL_OPS), "the profiler recorded no matrix products"
+    return sum(ops.get(k, 0.0) for k in MATMUL_OPS) / 1e3 / (len(prompts) * new_tokens)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="k3-tiny,k3-small")
@@ -100,7 +120,10 @@ def main() -> None:
     ap.add_argument("--disable-host-malloc-tuning", action="store_true",
                     help="the engine leaves glibc's malloc thresholds as they are (the settings are process-wide: "
                          "compare the two in separate runs)")
+    ap.add_argument("--matmul-bound", action="store_true",
+                    help="also report the ratio the engine would reach if only its matrix products cost time")
     args = ap.parse_args()
+    bounds = []
     rows = []
     for name in args.models.split(","):
         engine_args = dict(dtype="float32", skip_tokenizer_init=True, disable_radix_cache=True)
@@ -136,6 +159,12 @@ def main() -> None:
                                                args.new_tokens))
                     loop, loop_host = ((a + b) / 2 for a, b in zip(loops[-2], loops[-1]))
                     kept.append((tps, loop, tps / loop, host * 1e3, loop_host * 1e3))
+            if args.matmul_bound:
+                mm = matmul_ms_per_token(engines[0], prompts(max(c * 2, args.loop_requests), vocab), args.new_tokens)
+                loop_ms = 1e3 / statistics.mean(tps for tps, _ in loops)
+                bounds.append((name, c, mm, loop_ms))
+                print(f"{name:10s} concurrency {c:3d}: the engine's matrix products {mm:.3f} ms a token, the loop "
+                      f"{loop_ms:.3f} ms a token: ceiling x{loop_ms / mm:.2f}", flush=True)
             for engine, s, kept in zip(engines, steps, pairs):
                 engine.shutdown()
                 tps, loop, ratio, host, loop_host = (statistics.median(p[k] for p in kept) for k in range(5))
@@ -147,6 +176,11 @@ def main() -> None:
           "| ms a token outside the forwards, engine / loop |\n|---|---|---|---|---|---|---|")
     for name, c, s, tps, loop, ratio, host, loop_host in rows:
         print(f"| {name} | {c} | {s} | {tps:.1f} | {loop:.1f} | {ratio:.2f}x | {host:.3f} / {loop_host:.3f} |")
+    if bounds:
+        print("\n| model | concurrency | engine's matrix products, ms a token | loop, ms a token | ceiling ratio |"
+              "\n|---|---|---|---|---|")
+        for name, c, mm, loop_ms in bounds:
+            print(f"| {name} | {c} | {mm:.3f} | {loop_ms:.3f} | {loop_ms / mm:.2f}x |")
 
 
 if __name__ == "__main__":
