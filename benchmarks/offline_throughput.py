@@ -85,8 +85,8 @@ def engine_run(engine: Engine, prompts, new_tokens: int) -> float:
     return len(prompts) * new_tokens / elapsed
 
 
-MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addmv", "aten::mv", "aten::addbmm",
-              "aten::mkldnn_linear", "aten::_mkl_linear")
+MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::addmm_", "aten::baddbmm", "aten::baddbmm_", "aten::mv",
+              "aten::addmv", "aten::addmv_", "aten::addbmm", "aten::addbmm_", "aten::mkldnn_linear", "aten::_mkl_linear")
 
 
 def matmul_ms_per_token(engine: Engine, prompts, new_tokens: int) -> float:
