@@ -273,6 +273,7 @@ def tile_sweep(captured, fb, log):
 
     configs = {
         "default": {},
+        "experts up + down one launch": {(mt, "FUSED_UPDOWN"): True},
         "gemv rows /2": {(lt, "ROWS"): (2, 4)},
         "experts up 4, down 2": {(mt, "GEMV_UP_ROWS"): (4, 4), (mt, "GEMV_DOWN_ROWS"): 2},
         "experts up 8, 8 warps": {(mt, "UP_WARPS"): 8},

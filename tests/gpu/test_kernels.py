@@ -380,6 +380,46 @@ def test_moe_experts_routed(quant, ids_ready, monkeypatch):
             assert torch.equal(K.moe_experts_routed(x, ew, lg, routing, act, ids_ready), ref), (T, bias is None)
 
 
+@pytest.mark.parametrize("routed", [False, True])
+def test_moe_experts_up_and_down_in_one_launch(routed, monkeypatch):
+    """The up and down GEMVs as one launch of ticketed programs (FUSED_UPDOWN): bit-equal to the two launches,
+    launch after launch (each launch re-arms its counters), with the routing read or chosen in the kernel; on a GPU
+    also replayed from a CUDA graph."""
+    from kestrel.ops.moe import reference as R, triton as K
+    monkeypatch.setattr(K, "ROUTE_IN_KERNEL_MAX_TOKENS", 8)
+    E, D, I, k = (16, 64, 32, 4) if SMALL else (128, 1024, 512, 8)
+    dtype = torch.float32 if SMALL else torch.bfloat16
+    ew = _experts(E, D, I, False, dtype)
+    act = R.Activation("situ", 4.0, 25.0)
+    bias = rnd(E, scale=0.1)
+    routing = R.Routing(bias, k, True, 2.5)
+    for T in (1, 3):
+        x, lg = rnd(T, D, dtype=dtype), rnd(T, E)
+        w, ids = K.route(lg, bias, k, True, 2.5)
+        if DEV == "cuda":
+            torch.cuda.synchronize()  # ids_ready: the routing finished before the expert kernels start
+
+        def call():
+            if routed:
+                return K.moe_experts_routed(x, ew, lg, routing, act, ids_ready=True)
+            return K.moe_experts(x, ew, w, ids, act, ids_ready=True)
+
+        monkeypatch.setattr(K, "FUSED_UPDOWN", False)
+        ref = call()
+        monkeypatch.setattr(K, "FUSED_UPDOWN", True)
+        for _ in range(3):
+            assert torch.equal(call(), ref), T
+        assert int(ew._updown_sync.abs().sum()) == 0, ew._updown_sync
+        if DEV == "cuda":
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                out = call()
+            for _ in range(3):
+                out.zero_()
+                g.replay()
+                assert torch.equal(out, ref), T
+
+
 def _experts(E, D, I, quant, dtype):
     from kestrel.models.layers.linear import ExpertWeights
     from kestrel.ops.mxfp4 import reference as MX

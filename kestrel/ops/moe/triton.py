@@ -25,6 +25,8 @@ GEMV_DOWN_ROWS = 4
 # the largest tiles (elements) loaded whole before the wait: up, per projection (w1 and w3 each); down, all k
 # experts' tiles together (the one-row GEMV's register budget); warps per up program
 UP_TILE_MAX, DOWN_TILE_MAX, UP_WARPS = 8192, 16384, 4
+# the up and down GEMVs as one launch where both load their whole tiles before the wait (_gemv_updown_kernel)
+FUSED_UPDOWN = False
 
 
 @triton.jit
@@ -127,30 +129,47 @@ def _gemv_up_kernel(x_ptr, ids_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, lg_pt
     p = tl.program_id(0).to(tl.int64)  # (token, slot) pair
     ib = tl.program_id(1)
     t = p // TOPK
-    if ROUTE:
-        ids, _ = _route_row(lg_ptr, bias_ptr, t, E, scaling, TOPK, HAS_BIAS, RENORM, BE)
-        e = tl.sum(tl.where(tl.arange(0, TOPK) == p % TOPK, ids, 0), 0)
-    else:
-        e = tl.load(ids_ptr + p)
+    e = _pair_expert(ids_ptr, lg_ptr, bias_ptr, E, scaling, p, t, TOPK, ROUTE, HAS_BIAS, RENORM, BE)
     rows = ib * BI + tl.arange(0, BI)
-    a = tl.zeros([BI], tl.float32)
-    b = tl.zeros([BI], tl.float32)
     if IDS_READY:
-        cols = tl.arange(0, BK)
-        w1 = _load_w(w1_ptr, s1_ptr, e, rows, cols, I, D, QUANT)
-        w3 = _load_w(w3_ptr, s3_ptr, e, rows, cols, I, D, QUANT)
-        if PDL:
-            gdc_wait()
-        x = tl.load(x_ptr + t * D + cols, mask=cols < D, other=0.0).to(tl.float32)
-        a = tl.sum(w1 * x[None, :], 1)
-        b = tl.sum(w3 * x[None, :], 1)
+        a, b = _up_early(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, e, t, rows, D, I, BK, QUANT, PDL)
     else:
+        a = tl.zeros([BI], tl.float32)
+        b = tl.zeros([BI], tl.float32)
         # unrolled: every weight tile's load is in flight at once (the kernel is pure weight bandwidth)
         for k0 in tl.static_range(0, D, BK):
             cols = k0 + tl.arange(0, BK)
             x = tl.load(x_ptr + t * D + cols, mask=cols < D, other=0.0).to(tl.float32)
             a += tl.sum(_load_w(w1_ptr, s1_ptr, e, rows, cols, I, D, QUANT) * x[None, :], 1)
             b += tl.sum(_load_w(w3_ptr, s3_ptr, e, rows, cols, I, D, QUANT) * x[None, :], 1)
+    _store_act(h_ptr, p, rows, I, a, b, beta, linear_beta, SITU)
+
+
+@triton.jit
+def _pair_expert(ids_ptr, lg_ptr, bias_ptr, E, scaling, p, t, TOPK: tl.constexpr, ROUTE: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, RENORM: tl.constexpr, BE: tl.constexpr):
+    """The expert of (token, slot) pair p: chosen here from the router logits (ROUTE), or read."""
+    if ROUTE:
+        ids, _ = _route_row(lg_ptr, bias_ptr, t, E, scaling, TOPK, HAS_BIAS, RENORM, BE)
+        return tl.sum(tl.where(tl.arange(0, TOPK) == p % TOPK, ids, 0), 0)
+    return tl.load(ids_ptr + p)
+
+
+@triton.jit
+def _up_early(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, e, t, rows, D: tl.constexpr, I: tl.constexpr, BK: tl.constexpr,
+              QUANT: tl.constexpr, PDL: tl.constexpr):
+    """The gate and up products of expert e's rows for token t, the whole tile loaded before waiting for x."""
+    cols = tl.arange(0, BK)
+    w1 = _load_w(w1_ptr, s1_ptr, e, rows, cols, I, D, QUANT)
+    w3 = _load_w(w3_ptr, s3_ptr, e, rows, cols, I, D, QUANT)
+    if PDL:
+        gdc_wait()
+    x = tl.load(x_ptr + t * D + cols, mask=cols < D, other=0.0).to(tl.float32)
+    return tl.sum(w1 * x[None, :], 1), tl.sum(w3 * x[None, :], 1)
+
+
+@triton.jit
+def _store_act(h_ptr, p, rows, I: tl.constexpr, a, b, beta, linear_beta, SITU: tl.constexpr):
     dt = h_ptr.dtype.element_ty
     # the reference rounds each projection and the activation to the activation dtype
     y = _act(a.to(dt).to(tl.float32), b.to(dt).to(tl.float32), beta, linear_beta, SITU)
@@ -177,25 +196,14 @@ def _gemv_down_kernel(h_ptr, ids_ptr, wts_ptr, w2_ptr, s2_ptr, out_ptr, lg_ptr, 
     nb = tl.program_id(1)
     rows = nb * BN + tl.arange(0, BN)
     dt = out_ptr.dtype.element_ty
-    if ROUTE:
-        ev, wv = _route_row(lg_ptr, bias_ptr, t, E, scaling, TOPK, HAS_BIAS, RENORM, BE)
-        wv = wv.to(dt).to(tl.float32)
     if IDS_READY:
-        jj = tl.arange(0, TOPK)
-        cols = tl.arange(0, BK)
-        if not ROUTE:
-            ev = tl.load(ids_ptr + t * TOPK + jj).to(tl.int64)
-            wv = tl.load(wts_ptr + t * TOPK + jj).to(dt).to(tl.float32)
-        w = tl.load(w2_ptr + (ev[:, None, None] * D + rows[None, :, None]) * I + cols[None, None, :],
-                    mask=(rows[None, :, None] < D) & (cols[None, None, :] < I), other=0.0)
-        if PDL:
-            gdc_wait()
-            if LATE_TRIGGER:
-                gdc_launch_dependents()
-        hv = tl.load(h_ptr + (t * TOPK + jj)[:, None] * I + cols[None, :], mask=cols[None, :] < I, other=0.0)
-        y = tl.sum(w.to(tl.float32) * hv.to(tl.float32)[:, None, :], 2)  # [TOPK, BN]
-        acc = tl.sum(y.to(dt).to(tl.float32) * wv[:, None], 0)
+        ev, wv = _token_experts(ids_ptr, wts_ptr, lg_ptr, bias_ptr, E, scaling, t, out_ptr, TOPK, ROUTE, HAS_BIAS,
+                                RENORM, BE)
+        acc = _down_early(h_ptr, w2_ptr, out_ptr, ev, wv, t, rows, D, I, TOPK, BK, LATE_TRIGGER, PDL, h_ptr, 0, False)
     else:
+        if ROUTE:
+            ev, wv = _route_row(lg_ptr, bias_ptr, t, E, scaling, TOPK, HAS_BIAS, RENORM, BE)
+            wv = wv.to(dt).to(tl.float32)
         acc = tl.zeros([BN], tl.float32)
         # unrolled over the k experts and the inner width, summed in a fixed order (deterministic, no atomics)
         for j in tl.static_range(TOPK):
@@ -214,6 +222,91 @@ def _gemv_down_kernel(h_ptr, ids_ptr, wts_ptr, w2_ptr, s2_ptr, out_ptr, lg_ptr, 
                 y += tl.sum(_load_w(w2_ptr, s2_ptr, e, rows, cols, D, I, QUANT) * hv[None, :], 1)
             acc += y.to(dt).to(tl.float32) * wj
     tl.store(out_ptr + t * D + rows, acc.to(dt), mask=rows < D)
+
+
+@triton.jit
+def _token_experts(ids_ptr, wts_ptr, lg_ptr, bias_ptr, E, scaling, t, out_ptr, TOPK: tl.constexpr,
+                   ROUTE: tl.constexpr, HAS_BIAS: tl.constexpr, RENORM: tl.constexpr, BE: tl.constexpr):
+    """Token t's k expert ids (int64) and weights (rounded to the output dtype, in fp32): chosen here or read."""
+    dt = out_ptr.dtype.element_ty
+    if ROUTE:
+        ev, wv = _route_row(lg_ptr, bias_ptr, t, E, scaling, TOPK, HAS_BIAS, RENORM, BE)
+        return ev, wv.to(dt).to(tl.float32)
+    jj = tl.arange(0, TOPK)
+    return tl.load(ids_ptr + t * TOPK + jj).to(tl.int64), tl.load(wts_ptr + t * TOPK + jj).to(dt).to(tl.float32)
+
+
+@triton.jit
+def _down_early(h_ptr, w2_ptr, out_ptr, ev, wv, t, rows, D: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr,
+                BK: tl.constexpr, LATE_TRIGGER: tl.constexpr, PDL: tl.constexpr, sync_ptr, NUP, SYNC: tl.constexpr):
+    """The weighted down products of token t's k experts (ev, wv) for output rows `rows`: the k [BN, I] tiles loaded
+    as one block before the wait, the k products summed as a tree. SYNC: h is written by NUP other programs of this
+    launch (_gemv_updown_kernel): wait until their count (sync_ptr[1]) is complete, and read h from L2."""
+    dt = out_ptr.dtype.element_ty
+    jj = tl.arange(0, TOPK)
+    cols = tl.arange(0, BK)
+    w = tl.load(w2_ptr + (ev[:, None, None] * D + rows[None, :, None]) * I + cols[None, None, :],
+                mask=(rows[None, :, None] < D) & (cols[None, None, :] < I), other=0.0)
+    if PDL:
+        gdc_wait()
+        if LATE_TRIGGER:
+            gdc_launch_dependents()
+    hp = h_ptr + (t * TOPK + jj)[:, None] * I + cols[None, :]
+    if SYNC:
+        done = tl.atomic_add(sync_ptr + 1, 0, sem="acquire")
+        while done < NUP:
+            done = tl.atomic_add(sync_ptr + 1, 0, sem="acquire")
+        hv = tl.load(hp, mask=cols[None, :] < I, other=0.0, cache_modifier=".cg")
+    else:
+        hv = tl.load(hp, mask=cols[None, :] < I, other=0.0)
+    y = tl.sum(w.to(tl.float32) * hv.to(tl.float32)[:, None, :], 2)  # [TOPK, BN]
+    return tl.sum(y.to(dt).to(tl.float32) * wv[:, None], 0)
+
+
+@triton.jit
+def _gemv_updown_kernel(x_ptr, ids_ptr, wts_ptr, w1_ptr, w3_ptr, w2_ptr, h_ptr, out_ptr, sync_ptr, lg_ptr, bias_ptr,
+                        E, scaling, beta, linear_beta, D: tl.constexpr, I: tl.constexpr, DOUT: tl.constexpr,
+                        TOPK: tl.constexpr, NP: tl.constexpr, BI: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr,
+                        IP: tl.constexpr, SITU: tl.constexpr, ROUTE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        RENORM: tl.constexpr, BE: tl.constexpr, LATE_TRIGGER: tl.constexpr, PDL: tl.constexpr):
+    """The up and the down GEMV (their IDS_READY forms, dense weights) in one launch, so that the down programs
+    stream their weight tiles while the up programs run, not after them. Each program takes a ticket as it starts
+    (sync_ptr[0]): the first NP * NIB tickets do the up work and count themselves done (sync_ptr[1]); the rest do the
+    down work, waiting for that count before they read h. A ticket is taken only by a running program, so every up
+    ticket belongs to a program that will finish: the waits cannot deadlock, whatever the order programs start in.
+    The arithmetic is the two kernels' (the same helpers): bit-identical outputs. The last program to finish
+    (sync_ptr[2]) re-arms the counters for the next launch."""
+    NIB: tl.constexpr = (I + BI - 1) // BI
+    NNB: tl.constexpr = (DOUT + BN - 1) // BN
+    NUP: tl.constexpr = NP * NIB
+    TOTAL: tl.constexpr = NUP + NP // TOPK * NNB
+    ticket = tl.atomic_add(sync_ptr, 1)
+    if ticket < NUP:
+        if PDL:
+            gdc_launch_dependents()
+        p = (ticket // NIB).to(tl.int64)
+        t = p // TOPK
+        e = _pair_expert(ids_ptr, lg_ptr, bias_ptr, E, scaling, p, t, TOPK, ROUTE, HAS_BIAS, RENORM, BE)
+        rows = (ticket % NIB) * BI + tl.arange(0, BI)
+        a, b = _up_early(x_ptr, w1_ptr, w1_ptr, w3_ptr, w3_ptr, e, t, rows, D, I, DP, False, PDL)
+        _store_act(h_ptr, p, rows, I, a, b, beta, linear_beta, SITU)
+        tl.debug_barrier()  # every thread's h stores before the release
+        tl.atomic_add(sync_ptr + 1, 1, sem="release")
+    else:
+        if PDL and not LATE_TRIGGER:
+            gdc_launch_dependents()
+        u = ticket - NUP
+        t = (u // NNB).to(tl.int64)
+        rows = (u % NNB) * BN + tl.arange(0, BN)
+        ev, wv = _token_experts(ids_ptr, wts_ptr, lg_ptr, bias_ptr, E, scaling, t, out_ptr, TOPK, ROUTE, HAS_BIAS,
+                                RENORM, BE)
+        acc = _down_early(h_ptr, w2_ptr, out_ptr, ev, wv, t, rows, DOUT, I, TOPK, IP, LATE_TRIGGER, PDL, sync_ptr,
+                          NUP, True)
+        tl.store(out_ptr + t * DOUT + rows, acc.to(out_ptr.dtype.element_ty), mask=rows < DOUT)
+    if tl.atomic_add(sync_ptr + 2, 1) == TOTAL - 1:
+        tl.atomic_xchg(sync_ptr + 1, 0)
+        tl.atomic_xchg(sync_ptr + 2, 0)
+        tl.atomic_xchg(sync_ptr, 0)
 
 
 @triton.jit
@@ -264,6 +357,16 @@ def _grouped_down_kernel(h_ptr, pairs_ptr, bexp_ptr, wts_ptr, w2_ptr, s2_ptr, ou
         wv = tl.load(wts_ptr + prs, mask=pm, other=0.0).to(dt).to(tl.float32)
         y = acc.to(dt).to(tl.float32) * wv[:, None]
         tl.store(out_ptr + prs[:, None] * D + rows[None, :], y, mask=pm[:, None] & (rows[None, :] < D))
+
+
+def _sync(ew, device) -> torch.Tensor:
+    """The fused up/down GEMV's three counters for this expert set (zero between launches: each launch re-arms
+    them), allocated on first use (the engine's warm-up, before any graph capture)."""
+    buf = getattr(ew, "_updown_sync", None)
+    if buf is None or buf.device != device:
+        buf = torch.zeros(3, dtype=torch.int32, device=device)
+        ew._updown_sync = buf
+    return buf
 
 
 def _weights(ew, name):
@@ -359,12 +462,19 @@ def moe_experts(x, experts_weights, weights, ids, act, ids_ready: bool = False, 
         # tiles loaded whole before the wait only within the register budget
         up_early = ids_ready and BI * DP <= UP_TILE_MAX
         down_early = ids_ready and not q and TOPK & (TOPK - 1) == 0 and TOPK * BN * IP <= DOWN_TILE_MAX
+        out = torch.empty(T, Dout, dtype=x.dtype, device=x.device)
+        if FUSED_UPDOWN and up_early and down_early:
+            grid = NP * triton.cdiv(I, BI) + T * triton.cdiv(Dout, BN)
+            _gemv_updown_kernel[(grid,)](x, ids, weights, w1, w3, w2, h, out, _sync(ew, x.device), *route_ptrs,
+                                         act.beta, act.linear_beta, D, I, Dout, TOPK,
+                                         NP, BI, BN, DP, IP, SITU=situ, LATE_TRIGGER=late_trigger, **route_args,
+                                         num_warps=UP_WARPS, **pdl_args(x))
+            return out
         _gemv_up_kernel[(NP, triton.cdiv(I, BI))](x, ids, w1, s1, w3, s3, h, *route_ptrs, D, I, TOPK, act.beta,
                                                  act.linear_beta, BI=BI, BK=DP if up_early else min(512, DP),
                                                  QUANT=q, SITU=situ, IDS_READY=up_early, **route_args,
                                                  num_warps=UP_WARPS,
                                                  **pdl_args(x))
-        out = torch.empty(T, Dout, dtype=x.dtype, device=x.device)
         _gemv_down_kernel[(T, triton.cdiv(Dout, BN))](h, ids, weights, w2, s2, out, *route_ptrs, Dout, I, TOPK,
                                                       BN=BN, BK=IP if down_early else min(512, IP), QUANT=q,
                                                       IDS_READY=down_early, LATE_TRIGGER=late_trigger, **route_args,
