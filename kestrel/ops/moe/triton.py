@@ -25,7 +25,8 @@ GEMV_DOWN_ROWS = 4
 # the largest tiles (elements) loaded whole before the wait: up, per projection (w1 and w3 each); down, all k
 # experts' tiles together (the one-row GEMV's register budget); warps per up program
 UP_TILE_MAX, DOWN_TILE_MAX, UP_WARPS = 8192, 16384, 4
-# the up and down GEMVs as one launch where both load their whole tiles before the wait (_gemv_updown_kernel)
+# the up and down GEMVs as one launch (_gemv_updown_kernel): bit-equal, but 0.951x on k3-mini's batch-1 graph (H100,
+# docs/kernels.md, 2026-12-05 23:53), so off
 FUSED_UPDOWN = False
 
 
@@ -149,10 +150,13 @@ def _gemv_up_kernel(x_ptr, ids_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, lg_pt
 def _pair_expert(ids_ptr, lg_ptr, bias_ptr, E, scaling, p, t, TOPK: tl.constexpr, ROUTE: tl.constexpr,
                  HAS_BIAS: tl.constexpr, RENORM: tl.constexpr, BE: tl.constexpr):
     """The expert of (token, slot) pair p: chosen here from the router logits (ROUTE), or read."""
+    # one return of one type: the compiler types the unrouted load too (ids_ptr is then a stand-in of any dtype)
     if ROUTE:
         ids, _ = _route_row(lg_ptr, bias_ptr, t, E, scaling, TOPK, HAS_BIAS, RENORM, BE)
-        return tl.sum(tl.where(tl.arange(0, TOPK) == p % TOPK, ids, 0), 0)
-    return tl.load(ids_ptr + p)
+        e = tl.sum(tl.where(tl.arange(0, TOPK) == p % TOPK, ids, 0), 0)
+    else:
+        e = tl.load(ids_ptr + p).to(tl.int64)
+    return e
 
 
 @triton.jit
@@ -231,9 +235,10 @@ def _token_experts(ids_ptr, wts_ptr, lg_ptr, bias_ptr, E, scaling, t, out_ptr, T
     dt = out_ptr.dtype.element_ty
     if ROUTE:
         ev, wv = _route_row(lg_ptr, bias_ptr, t, E, scaling, TOPK, HAS_BIAS, RENORM, BE)
-        return ev, wv.to(dt).to(tl.float32)
-    jj = tl.arange(0, TOPK)
-    return tl.load(ids_ptr + t * TOPK + jj).to(tl.int64), tl.load(wts_ptr + t * TOPK + jj).to(dt).to(tl.float32)
+    else:
+        jj = tl.arange(0, TOPK)
+        ev, wv = tl.load(ids_ptr + t * TOPK + jj).to(tl.int64), tl.load(wts_ptr + t * TOPK + jj)
+    return ev, wv.to(dt).to(tl.float32)
 
 
 @triton.jit
@@ -287,9 +292,9 @@ def _gemv_updown_kernel(x_ptr, ids_ptr, wts_ptr, w1_ptr, w3_ptr, w2_ptr, h_ptr, 
         p = (ticket // NIB).to(tl.int64)
         t = p // TOPK
         e = _pair_expert(ids_ptr, lg_ptr, bias_ptr, E, scaling, p, t, TOPK, ROUTE, HAS_BIAS, RENORM, BE)
-        rows = (ticket % NIB) * BI + tl.arange(0, BI)
-        a, b = _up_early(x_ptr, w1_ptr, w1_ptr, w3_ptr, w3_ptr, e, t, rows, D, I, DP, False, PDL)
-        _store_act(h_ptr, p, rows, I, a, b, beta, linear_beta, SITU)
+        up_rows = (ticket % NIB) * BI + tl.arange(0, BI)  # (each branch names its own: their shapes differ)
+        a, b = _up_early(x_ptr, w1_ptr, w1_ptr, w3_ptr, w3_ptr, e, t, up_rows, D, I, DP, False, PDL)
+        _store_act(h_ptr, p, up_rows, I, a, b, beta, linear_beta, SITU)
         tl.debug_barrier()  # every thread's h stores before the release
         tl.atomic_add(sync_ptr + 1, 1, sem="release")
     else:
@@ -297,12 +302,12 @@ def _gemv_updown_kernel(x_ptr, ids_ptr, wts_ptr, w1_ptr, w3_ptr, w2_ptr, h_ptr, 
             gdc_launch_dependents()
         u = ticket - NUP
         t = (u // NNB).to(tl.int64)
-        rows = (u % NNB) * BN + tl.arange(0, BN)
+        dn_rows = (u % NNB) * BN + tl.arange(0, BN)
         ev, wv = _token_experts(ids_ptr, wts_ptr, lg_ptr, bias_ptr, E, scaling, t, out_ptr, TOPK, ROUTE, HAS_BIAS,
                                 RENORM, BE)
-        acc = _down_early(h_ptr, w2_ptr, out_ptr, ev, wv, t, rows, DOUT, I, TOPK, IP, LATE_TRIGGER, PDL, sync_ptr,
+        acc = _down_early(h_ptr, w2_ptr, out_ptr, ev, wv, t, dn_rows, DOUT, I, TOPK, IP, LATE_TRIGGER, PDL, sync_ptr,
                           NUP, True)
-        tl.store(out_ptr + t * DOUT + rows, acc.to(out_ptr.dtype.element_ty), mask=rows < DOUT)
+        tl.store(out_ptr + t * DOUT + dn_rows, acc.to(out_ptr.dtype.element_ty), mask=dn_rows < DOUT)
     if tl.atomic_add(sync_ptr + 2, 1) == TOTAL - 1:
         tl.atomic_xchg(sync_ptr + 1, 0)
         tl.atomic_xchg(sync_ptr + 2, 0)
