@@ -1,7 +1,7 @@
 """Offline throughput of the engine against a plain one-request-at-a-time generate loop, in one run.
 
     python benchmarks/offline_throughput.py [--models k3-tiny,k3-small] [--concurrency 1,8,64]
-                                            [--num-continuous-decode-steps 1,8]
+                                            [--num-continuous-decode-steps 1,8] [--overlap on,off]
 
 The loop is the same model and memory pools driven directly (prefill, then one decode forward per token, greedy),
 with no scheduler: at concurrency 1 the engine must be no slower (the scheduler costs ~nothing), at 64 it should
@@ -113,7 +113,10 @@ def main() -> None:
                          "speed drifts by 10-20%% between minutes, so a loop measured once up front misleads)")
     ap.add_argument("--disable-overlap-schedule", action="store_true",
                     help="the engine steps on the calling thread (on a CPU the forward thread otherwise competes with "
-                         "torch's own threads for the cores)")
+                         "torch's own threads for the cores); the same as --overlap off")
+    ap.add_argument("--overlap", default=None,
+                    help="comma-separated on/off: one engine per value (times each decode-steps value), each run "
+                         "between loop runs, so the overlap scheduler is compared with serial scheduling in one run")
     ap.add_argument("--num-continuous-decode-steps", default="1",
                     help="comma-separated: one engine per value, each run between loop runs (decode steps a launch "
                          "runs before the scheduler sees their tokens)")
@@ -129,8 +132,6 @@ def main() -> None:
         engine_args = dict(dtype="float32", skip_tokenizer_init=True, disable_radix_cache=True)
         if args.chunked_prefill_size:
             engine_args["chunked_prefill_size"] = args.chunked_prefill_size
-        if args.disable_overlap_schedule:
-            engine_args["disable_overlap_schedule"] = True
         if args.disable_host_malloc_tuning:
             engine_args["disable_host_malloc_tuning"] = True
         gen = torch.Generator().manual_seed(0)
@@ -138,9 +139,12 @@ def main() -> None:
         def prompts(k, vocab):
             return [torch.randint(0, vocab, (args.prompt_len,), generator=gen).tolist() for _ in range(k)]
 
-        steps = [int(s) for s in args.num_continuous_decode_steps.split(",")]
+        overlaps = (args.overlap or ("off" if args.disable_overlap_schedule else "on")).split(",")
+        assert set(overlaps) <= {"on", "off"}, f"--overlap takes on and off, not {args.overlap}"
+        variants = [(int(s), o) for s in args.num_continuous_decode_steps.split(",") for o in overlaps]
         for c in map(int, args.concurrency.split(",")):
-            engines = [Engine(name, **engine_args, max_running_requests=c, num_continuous_decode_steps=s) for s in steps]
+            engines = [Engine(name, **engine_args, max_running_requests=c, num_continuous_decode_steps=s,
+                              disable_overlap_schedule=o == "off") for s, o in variants]
             model = engines[0].core.model
             vocab = model.cfg.vocab_size
             clocks = [ForwardClock(engine.core.model) for engine in engines]
@@ -165,17 +169,17 @@ def main() -> None:
                 bounds.append((name, c, mm, loop_ms))
                 print(f"{name:10s} concurrency {c:3d}: the engine's matrix products {mm:.3f} ms a token, the loop "
                       f"{loop_ms:.3f} ms a token: ceiling x{loop_ms / mm:.2f}", flush=True)
-            for engine, s, kept in zip(engines, steps, pairs):
+            for engine, (s, o), kept in zip(engines, variants, pairs):
                 engine.shutdown()
                 tps, loop, ratio, host, loop_host = (statistics.median(p[k] for p in kept) for k in range(5))
-                rows.append((name, c, s, tps, loop, ratio, host, loop_host))
-                print(f"{name:10s} concurrency {c:3d} decode steps/launch {s}: engine {tps:9.1f} tok/s   loop "
+                rows.append((name, c, s, o, tps, loop, ratio, host, loop_host))
+                print(f"{name:10s} concurrency {c:3d} decode steps/launch {s} overlap {o}: engine {tps:9.1f} tok/s   loop "
                       f"{loop:8.1f} tok/s   x{ratio:6.2f}   (pairs: {', '.join(f'{p[2]:.2f}' for p in kept)}); "
                       f"outside the forwards {host:.3f} against {loop_host:.3f} ms a token", flush=True)
-    print("\n| model | concurrency | decode steps a launch | engine tok/s | plain loop tok/s | ratio (median of pairs) "
-          "| ms a token outside the forwards, engine / loop |\n|---|---|---|---|---|---|---|")
-    for name, c, s, tps, loop, ratio, host, loop_host in rows:
-        print(f"| {name} | {c} | {s} | {tps:.1f} | {loop:.1f} | {ratio:.2f}x | {host:.3f} / {loop_host:.3f} |")
+    print("\n| model | concurrency | decode steps a launch | overlap | engine tok/s | plain loop tok/s | ratio (median "
+          "of pairs) | ms a token outside the forwards, engine / loop |\n|---|---|---|---|---|---|---|---|")
+    for name, c, s, o, tps, loop, ratio, host, loop_host in rows:
+        print(f"| {name} | {c} | {s} | {o} | {tps:.1f} | {loop:.1f} | {ratio:.2f}x | {host:.3f} / {loop_host:.3f} |")
     if bounds:
         print("\n| model | concurrency | engine's matrix products, ms a token | loop, ms a token | ceiling ratio |"
               "\n|---|---|---|---|---|")
