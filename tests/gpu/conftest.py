@@ -14,3 +14,21 @@ def _pdl(request, monkeypatch):
     import kestrel.ops
 
     monkeypatch.setattr(kestrel.ops, "PDL", not request.config.getoption("--disable-pdl"))
+
+
+def pytest_configure(config):
+    import os
+
+    if os.environ.get("KESTREL_SM90_COMPILE") == "1" and os.environ.get("TRITON_INTERPRET") == "1":
+        from tests.gpu import sm90
+
+        sm90.install()
+
+
+def pytest_terminal_summary(terminalreporter):
+    import sys
+
+    sm90 = sys.modules.get("tests.gpu.sm90")
+    if sm90 is not None and sm90.seen:
+        terminalreporter.write_line(f"sm_90 compiles: {len(sm90.seen)} specialisations of "
+                                    f"{len(set(sm90.seen.values()))} kernels")

@@ -1,0 +1,83 @@
+"""The sm_90 compile check of the Triton kernels (tests/gpu/sm90.py, `make kernel-check`) on this CPU: it must catch
+what the interpreter misses, and the kernel tests' launches must compile for the H100 / H200."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+
+PROBE = """
+import sys, torch
+from tests.gpu import sm90, sm90_probe as P
+if sys.argv[1] == "hook":
+    sm90.install()
+x, y, out = torch.arange(16, dtype=torch.int32), torch.rand(16), torch.empty(16)
+P.probe_kernel[(1,)](x, y, out, WIDE=sys.argv[2] == "wide", PDL=False)
+assert torch.equal(out, x.float() if sys.argv[2] == "wide" else y)
+print(sorted(set(sm90.seen.values())), len(sm90.seen))
+"""
+
+
+def _probe(*argv):
+    return subprocess.run([sys.executable, "-c", PROBE, *argv], env=ENV, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_the_compile_check_catches_what_the_interpreter_runs():
+    plain = _probe("plain", "wide")
+    assert plain.returncode == 0, plain.stderr[-2000:]  # the interpreter runs the kernel (and gets it right)
+    hooked = _probe("hook", "wide")
+    assert hooked.returncode != 0 and "Inconsistent return types" in hooked.stderr, hooked.stderr[-2000:]
+    narrow = _probe("hook", "narrow")  # the other specialisation compiles, with PDL off and on: two compiles
+    assert narrow.returncode == 0 and "['probe_kernel'] 2" in narrow.stdout, narrow.stdout + narrow.stderr[-2000:]
+
+
+# one or a few cases of every kernel family (the interpreter is slow: the whole of tests/gpu takes ~27 minutes on two
+# cores, most of it in the GEMV tests' large weights; `make kernel-check` runs it all): ~80 s on one core
+SUBSET = [
+    "tests/gpu/test_kernels.py::test_norms",
+    "tests/gpu/test_kernels.py::test_attn_res_settle[partial+delta-6-dtype1]",
+    "tests/gpu/test_kernels.py::test_kda_decode",
+    "tests/gpu/test_kernels.py::test_kda_verify_and_fold[True-True-True--5.0-dtype1]",
+    "tests/gpu/test_kernels.py::test_kda_chunked",
+    "tests/gpu/test_kernels.py::test_mla_decode[1-dtype0]",
+    "tests/gpu/test_kernels.py::test_store_latent[None-dtype1]",
+    "tests/gpu/test_kernels.py::test_head_gemv",
+    "tests/gpu/test_kernels.py::test_attention_with_lse[True-dtype0]",
+    "tests/gpu/test_kernels.py::test_route",
+    "tests/gpu/test_kernels.py::test_moe_experts_up_and_down_in_one_launch[False]",
+    "tests/gpu/test_kernels.py::test_moe_experts[situ-True-dtype0]",
+    "tests/gpu/test_kernels.py::test_argmax_kernel_is_torch_argmax",
+    "tests/gpu/test_linear_kernels.py::test_linear_prologue[situ-3-dtype1]",
+    "tests/gpu/test_linear_kernels.py::test_linear_prologue[gated_rms-3-dtype1]",
+    "tests/gpu/test_linear_kernels.py::test_linear_prologue[rms-3-dtype1]",
+    "tests/gpu/test_linear_kernels.py::test_linear_pair[same-1-dtype1]",
+    "tests/gpu/test_linear_kernels.py::test_linear_stacked",
+    "tests/gpu/test_dspark_kernels.py::test_dspark_block_attention[8-dtype1]",
+    "tests/gpu/test_dspark_kernels.py::test_dspark_accept_greedy[1024-dtype1]",
+    "tests/gpu/test_dspark_kernels.py::test_dspark_correction[dtype1]",
+    "tests/gpu/test_dspark_kernels.py::test_dspark_block_front_and_decode_keys[dtype1]",
+    "tests/gpu/test_dspark_kernels.py::test_dspark_step_inputs[1]",
+    "tests/gpu/test_lookup_gpu.py::test_lookup_append_kernel_equals_torch[16-8]",
+]
+
+
+@pytest.mark.slow
+def test_kernel_tests_compile_for_sm90():
+    """Each listed kernel test passes under the interpreter with every kernel it launches compiled for sm_90 (and
+    its PDL twin) by Triton's compiler."""
+    env = {**ENV, "KESTREL_SM90_COMPILE": "1", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *SUBSET],
+                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    summary = r.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"\d+ passed in .*", summary) and int(summary.split()[0]) >= len(SUBSET), r.stdout[-2000:]
+    compiled = re.search(r"sm_90 compiles: (\d+) specialisations of (\d+) kernels", r.stdout)
+    assert compiled and int(compiled.group(2)) >= 25, r.stdout[-2000:]  # the hook ran: ~30 kernels in the subset
