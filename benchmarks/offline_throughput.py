@@ -173,8 +173,8 @@ def main() -> None:
                 engine.shutdown()
                 tps, loop, ratio, host, loop_host = (statistics.median(p[k] for p in kept) for k in range(5))
                 rows.append((name, c, s, o, tps, loop, ratio, host, loop_host))
-                print(f"{name:10s} concurrency {c:3d} decode steps/launch {s} overlap {o}: engine {tps:9.1f} tok/s   loop "
-                      f"{loop:8.1f} tok/s   x{ratio:6.2f}   (pairs: {', '.join(f'{p[2]:.2f}' for p in kept)}); "
+                print(f"{name:10s} concurrency {c:3d} decode steps/launch {s} overlap {o}: engine {tps:9.1f} tok/s"
+                      f"   loop {loop:8.1f} tok/s   x{ratio:6.2f}   (pairs: {', '.join(f'{p[2]:.2f}' for p in kept)}); "
                       f"outside the forwards {host:.3f} against {loop_host:.3f} ms a token", flush=True)
     print("\n| model | concurrency | decode steps a launch | overlap | engine tok/s | plain loop tok/s | ratio (median "
           "of pairs) | ms a token outside the forwards, engine / loop |\n|---|---|---|---|---|---|---|---|")

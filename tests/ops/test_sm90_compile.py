@@ -1,6 +1,7 @@
 """The sm_90 compile check of the Triton kernels (tests/gpu/sm90.py, `make kernel-check`) on this CPU: it must catch
 what the interpreter misses, and the kernel tests' launches must compile for the H100 / H200."""
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("triton")
+# a dev dependency: without it the check fails here rather than skipping itself away
+assert importlib.util.find_spec("triton") is not None, "triton (in the dev extras) is not installed"
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
 
@@ -80,4 +82,4 @@ def test_kernel_tests_compile_for_sm90():
     summary = r.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"\d+ passed in .*", summary) and int(summary.split()[0]) >= len(SUBSET), r.stdout[-2000:]
     compiled = re.search(r"sm_90 compiles: (\d+) specialisations of (\d+) kernels", r.stdout)
-    assert compiled and int(compiled.group(2)) >= 25, r.stdout[-2000:]  # the hook ran: ~30 kernels in the subset
+    assert compiled and int(compiled.group(2)) >= 25, r.stdout[-2000:]  # the hook ran: 37 kernels in the subset
