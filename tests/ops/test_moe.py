@@ -20,8 +20,13 @@ def test_situ_in_place_equals_the_expression_and_keeps_gradients(dtype):
     (in-place ops would overwrite what autograd saved)."""
     a, b = (torch.randn(300, 24) * 4).to(dtype), (torch.randn(300, 24) * 40).to(dtype)
     af, bf = a.float(), b.float()
-    want = (4.0 * torch.tanh(af / 4.0) * torch.sigmoid(af) * (25.0 * torch.tanh(bf / 25.0))).to(dtype)
+    clip = lambda x, c: torch.sigmoid(x * (2.0 / c)) * (2.0 * c) - c  # noqa: E731  (c tanh(x / c))
+    want = (clip(af, 4.0) * torch.sigmoid(af) * clip(bf, 25.0)).to(dtype)
     assert torch.equal(ref.situ(a, b), want)
+    # and within fp32 rounding of the tanh form (outputs up to 100: absolute error ~1e-5)
+    tanh_form = (4.0 * torch.tanh(af / 4.0) * torch.sigmoid(af) * (25.0 * torch.tanh(bf / 25.0))).to(dtype)
+    assert torch.allclose(ref.situ(a, b).float(), tanh_form.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
+                          atol=0.5 if dtype == torch.bfloat16 else 1e-4)
     ag, bg = af.clone().requires_grad_(), bf.clone().requires_grad_()
     ref.situ(ag, bg).sum().backward()
     assert torch.isfinite(ag.grad).all() and ag.grad.abs().sum() > 0 and bg.grad.abs().sum() > 0
@@ -97,3 +102,27 @@ def test_grouped_expert_form_equals_the_loop(T, dtype):
     want = ref.moe_experts(x, w1, w2, w3, weights, ids, act)
     tol = 1e-12 if dtype == D64 else 1e-5
     assert (got - want).abs().max() <= tol * want.abs().max()
+
+
+@pytest.mark.parametrize("T", [1, 5, 40])
+@pytest.mark.parametrize("dtype", [torch.float32, D64])
+def test_padded_expert_form_equals_the_grouped_one(T, dtype):
+    """The padded batched CPU form: the grouped form's sums up to the products' rounding, with an expert no
+    token chose and one every token chose; a routing too skewed for its padding is declined (None)."""
+    torch.manual_seed(100 + T)
+    D, I, E = 12, 10, 6
+    x = torch.randn(T, D, dtype=dtype)
+    w1, w3, w2 = torch.randn(E, I, D, dtype=dtype), torch.randn(E, I, D, dtype=dtype), torch.randn(E, D, I, dtype=dtype)
+    logits = torch.randn(T, E, dtype=dtype)
+    logits[:, 0] -= 100
+    logits[:, 3] += 100
+    weights, ids = ref.route(logits, None, 2, True, 1.3)
+    act = ref.Activation("situ")
+    want = ref.moe_experts_grouped(x, w1, w2, w3, weights, ids, act)
+    got = ref.moe_experts_padded(x, w1, w2, w3, weights, ids, act, max_waste=E)
+    tol = 1e-12 if dtype == D64 else 1e-5
+    assert (got - want).abs().max() <= tol * want.abs().max()
+    # every token on experts 3 and 1: two busy blocks of T rows, four empty ones: 6T padded rows for 2T pairs
+    ids = torch.tensor([[3, 1]] * T)
+    assert ref.moe_experts_padded(x, w1, w2, w3, weights, ids, act) is None
+    assert ref.moe_experts_padded(x, w1, w2, w3, weights, ids, act, max_waste=3.0) is not None

@@ -9,15 +9,27 @@ from kestrel.ops.kda.reference import state_dtype_for
 
 
 def situ(a: torch.Tensor, b: torch.Tensor, beta: float = 4.0, linear_beta: float = 25.0) -> torch.Tensor:
-    """SiTU(a, b) = [beta tanh(a / beta) sigmoid(a)] * [linear_beta tanh(b / linear_beta)] in fp32: soft-clipped SwiGLU."""
+    """SiTU(a, b) = [beta tanh(a / beta) sigmoid(a)] * [linear_beta tanh(b / linear_beta)] in fp32: soft-clipped
+    SwiGLU. Each c tanh(x / c) is computed as 2c sigmoid(2x / c) - c (the same function; the GPU kernels' form):
+    this CPU's vectorised sigmoid costs under half its tanh (2.2 against 4.8 ns an element, one thread)."""
     dt = state_dtype_for(a.dtype)
     af, bf = a.to(dt), b.to(dt)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        return (beta * torch.tanh(af / beta) * torch.sigmoid(af) * (linear_beta * torch.tanh(bf / linear_beta))).to(a.dtype)
-    # the same products in the same order, in place on the temporaries (bit-identical; on the CPU a
-    # [8192, 192] call takes ~0.6x the time of the expression above: fewer passes and allocations)
-    t = (af / beta).tanh_().mul_(beta).mul_(torch.sigmoid(af))
-    return t.mul_((bf / linear_beta).tanh_().mul_(linear_beta)).to(a.dtype)
+        return (_soft_clip_expr(af, beta) * torch.sigmoid(af) * _soft_clip_expr(bf, linear_beta)).to(a.dtype)
+    # the same products in the same order, in place on the temporaries (bit-identical, fewer passes and
+    # allocations: on the CPU 1.3-1.6x faster than the tanh form's [128 .. 8192, 192] calls)
+    t = _soft_clip_(af * (2.0 / beta), beta).mul_(torch.sigmoid(af))
+    return t.mul_(_soft_clip_(bf * (2.0 / linear_beta), linear_beta)).to(a.dtype)
+
+
+def _soft_clip_expr(x: torch.Tensor, c: float) -> torch.Tensor:
+    """c tanh(x / c) as 2c sigmoid(2x / c) - c (differentiable)."""
+    return torch.sigmoid(x * (2.0 / c)) * (2.0 * c) - c
+
+
+def _soft_clip_(x2: torch.Tensor, c: float) -> torch.Tensor:
+    """_soft_clip_expr from x2 = x * (2 / c), in place on x2 (the same roundings)."""
+    return x2.sigmoid_().mul_(2.0 * c).sub_(c)
 
 
 def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -119,6 +131,32 @@ def moe_experts_grouped(x, w1, w2, w3, weights, ids, act) -> torch.Tensor:
     y = x.new_empty(len(order), w2.shape[1])
     for e, s, t in spans:
         torch.mm(h[s:t], w2[e].t(), out=y[s:t])
+    y.mul_(weights.reshape(-1)[order].unsqueeze(-1).to(y.dtype))
+    return torch.zeros(T, w2.shape[1], dtype=x.dtype, device=x.device).index_add_(0, tok, y)
+
+
+def moe_experts_padded(x, w1, w2, w3, weights, ids, act, max_waste: float = 2.0) -> torch.Tensor | None:
+    """The same sum as moe_experts_grouped with every expert's pairs in a zero-padded block as long as the busiest
+    expert's: three batched products over [E, cap, *] in place of two or three products per expert. The pairs are
+    sorted and scattered back as in the grouped form (the same per-token order of the sums), so the two differ
+    only by the products' own rounding. A CPU path for a few dozen to a few hundred pairs, where each small
+    product's fixed cost outweighs the padded rows: None (the caller takes the grouped form) when the padded
+    blocks would hold more than `max_waste` times the pairs' rows (a skewed routing)."""
+    E = w1.shape[0]
+    T, K = ids.shape
+    flat = ids.reshape(-1)
+    counts = torch.bincount(flat, minlength=E)
+    cap = int(counts.max())
+    if E * cap > max_waste * flat.numel():
+        return None
+    order = torch.argsort(flat, stable=True)
+    expert = flat[order]
+    slot = torch.arange(order.numel(), device=x.device) - (torch.cumsum(counts, 0) - counts)[expert]
+    tok = order // K
+    xp = x.new_zeros(E, cap, x.shape[1])
+    xp[expert, slot] = x[tok]
+    h = act(torch.bmm(xp, w1.transpose(1, 2)), torch.bmm(xp, w3.transpose(1, 2)))  # padded rows: act(0, 0) = 0
+    y = torch.bmm(h, w2.transpose(1, 2))[expert, slot]
     y.mul_(weights.reshape(-1)[order].unsqueeze(-1).to(y.dtype))
     return torch.zeros(T, w2.shape[1], dtype=x.dtype, device=x.device).index_add_(0, tok, y)
 
