@@ -11,7 +11,7 @@ from kestrel.ops.moe.reference import moe_experts_dense as experts_dense  # noqa
 DENSE_MAX_PAIRS = 32
 # up to this many (token, expert) pairs the CPU takes the padded batched form (reference.moe_experts_padded).
 # Interleaved timings on k3-small's experts (8 of width 192 over 128, top-2, 2 threads), padded against grouped:
-# 8 tokens 1.35x, 64 tokens 1.25x, 128 tokens 1.04x, 2048 tokens 0.90x
+# 5 / 8 / 16 tokens 1.40x / 1.63x / 1.85x, 64 tokens 1.25x, 128 tokens 1.04x, 2048 tokens 0.90x
 PADDED_MAX_PAIRS = 256
 
 
@@ -40,11 +40,12 @@ def experts(x, experts_weights, weights, ids, act, ids_ready: bool = False, late
     w1, w2, w3 = e.dense("w1", x.dtype), e.dense("w2", x.dtype), e.dense("w3", x.dtype)
     # CPU, interleaved timings on k3-small's 8 experts, top-2 (us, dense / loop / grouped): 1 token 425 / 535 / 387,
     # 4 tokens 630 / 1397 / 722, 8: 750 / 1456 / 673, 64: 2903 / 3291 / 1712, 128: 7418 / 3549 / 1719. So every
-    # expert on every token (three batched products) only for 2 to 4 tokens; the expert-sorted form otherwise.
+    # expert on every token (three batched products) only for 2 to 4 tokens; then the padded form up to
+    # PADDED_MAX_PAIRS pairs (unless the routing is too skewed for it), the expert-sorted form otherwise.
     T = x.shape[0]
     if 1 < T and T * w1.shape[0] <= DENSE_MAX_PAIRS:
         return reference.moe_experts_dense(x, w1, w2, w3, weights, ids, act)
-    if ids.numel() <= PADDED_MAX_PAIRS:
+    if 1 < T and ids.numel() <= PADDED_MAX_PAIRS:  # (one token: the grouped form, 578 against 607 us)
         y = reference.moe_experts_padded(x, w1, w2, w3, weights, ids, act)
         if y is not None:
             return y

@@ -135,13 +135,15 @@ def moe_experts_grouped(x, w1, w2, w3, weights, ids, act) -> torch.Tensor:
     return torch.zeros(T, w2.shape[1], dtype=x.dtype, device=x.device).index_add_(0, tok, y)
 
 
-def moe_experts_padded(x, w1, w2, w3, weights, ids, act, max_waste: float = 2.0) -> torch.Tensor | None:
+def moe_experts_padded(x, w1, w2, w3, weights, ids, act, max_waste: float = 4.0) -> torch.Tensor | None:
     """The same sum as moe_experts_grouped with every expert's pairs in a zero-padded block as long as the busiest
     expert's: three batched products over [E, cap, *] in place of two or three products per expert. The pairs are
     sorted and scattered back as in the grouped form (the same per-token order of the sums), so the two differ
     only by the products' own rounding. A CPU path for a few dozen to a few hundred pairs, where each small
     product's fixed cost outweighs the padded rows: None (the caller takes the grouped form) when the padded
-    blocks would hold more than `max_waste` times the pairs' rows (a skewed routing)."""
+    blocks would hold more than `max_waste` times the pairs' rows (a skewed routing). The bundled k3-small's
+    batch-64 decode routes its 128 pairs with 21-43 on the busiest of 8 experts (up to 2.7x padded rows): the
+    padded form still took 0.70x the grouped form's time over those calls."""
     E = w1.shape[0]
     T, K = ids.shape
     flat = ids.reshape(-1)
