@@ -33,8 +33,12 @@ def test_norms(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n", [1, 3, 7])
-def test_attn_res(dtype, n):
+@pytest.mark.parametrize("presum", [True, False])
+def test_attn_res(dtype, n, presum, monkeypatch):
+    """Aggregation (n values: the last is the stream's, the rest the bank) and its fused RMSNorm, with the bank's
+    weighted sum formed before the stream's value is read (PRESUM) or all values weighted together."""
     from kestrel.ops.attn_res import reference as R, triton as K
+    monkeypatch.setattr(K, "PRESUM", presum)
     D = 64 if SMALL else 2048
     vals = [rnd(5, D, dtype=dtype) for _ in range(n)]
     w, nw = rnd(D, dtype=dtype, scale=D**-0.5), rnd(D, dtype=dtype)
@@ -47,9 +51,12 @@ def test_attn_res(dtype, n):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n", [1, 2, 6])
 @pytest.mark.parametrize("form", ["partial+delta", "delta", "partial"])
-def test_attn_res_settle(dtype, n, form):
-    """The decoder's fused step: P + delta written back exactly as torch adds, the site vector folded in-kernel."""
+@pytest.mark.parametrize("presum", [True, False])
+def test_attn_res_settle(dtype, n, form, presum, monkeypatch):
+    """The decoder's fused step: P + delta written back exactly as torch adds, the site vector folded in-kernel
+    (the bank pre-summed before the wait, or not)."""
     from kestrel.ops.attn_res import reference as R, triton as K
+    monkeypatch.setattr(K, "PRESUM", presum)
     D = 64 if SMALL else 2048
     bank = [rnd(5, D, dtype=dtype) for _ in range(n)]
     p = rnd(5, D, dtype=dtype) if form != "delta" else None
