@@ -1,6 +1,7 @@
 #!/bin/bash
 # 2026-12-06 05:11 session (issue 9): the settle with the bank pre-summed before its wait (attn_res.triton.PRESUM):
 # the GPU suite, then the decode ladder (its last stage against the one before, interleaved and back to back).
+# Ran on the tree of 0e11d03 (an H100 came): no gain, and the knob was removed after it; see docs/kernels.md.
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 echo "== GPU suite ($(date +%T))"

@@ -16,10 +16,9 @@ from kestrel.ops import pdl_args
 def _attn_res_kernel(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, out_ptr, nw_ptr, norm_ptr, D, eps, norm_eps,
                      NB: tl.constexpr, HAS_P: tl.constexpr, HAS_D: tl.constexpr, HAS_W2: tl.constexpr,
                      HAS_OUT: tl.constexpr, HAS_NORM: tl.constexpr, NPAD: tl.constexpr, BLOCK: tl.constexpr,
-                     EARLY: tl.constexpr, PDL: tl.constexpr, PRESUM: tl.constexpr):
+                     EARLY: tl.constexpr, PDL: tl.constexpr):
     """EARLY (every kernel before the one that wrote delta has finished when this one starts: see
-    attn_res_settle): the bank, the partial sum and their logits before waiting, only delta after. PRESUM: the
-    bank's softmax-weighted sum as well (see PRESUM below)."""
+    attn_res_settle): the bank, the partial sum and their logits before waiting, only delta after."""
     if PDL:
         gdc_launch_dependents()
         if not EARLY:
@@ -38,14 +37,6 @@ def _attn_res_kernel(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, out_ptr, nw_pt
     w = w.to(tl.float32)
     # logit_i = <RMSNorm(v_i), w>: the row's rsqrt factors out of the dot product (the bank's rows first)
     logit = tl.sum(tile * w[None, :], 1) / tl.sqrt(tl.sum(tile * tile, 1) / D + eps)
-    rn = tl.arange(0, NPAD)
-    if PRESUM:  # the bank's weights relative to each other do not depend on the stream: its weighted sum now
-        lb = tl.where(rn < NB, logit, -float("inf"))
-        mb = tl.maximum(tl.max(lb, 0), -1.0e30)  # (finite with no bank: its weight alpha below is then 0)
-        a = tl.where(rn < NB, tl.exp(lb - mb), 0.0)
-        zb = tl.sum(a, 0)
-        sb = tl.sum(tile * a[:, None], 0)
-        sbb = tl.sum(sb * sb, 0)
     # the last value: the partial sum, with the pending sublayer output added in the stream's dtype (torch's add)
     if HAS_P:
         x = tl.load(p_ptr + row * D + offs, mask=mask, other=0.0)
@@ -60,48 +51,20 @@ def _attn_res_kernel(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, out_ptr, nw_pt
             gdc_wait()
         x = tl.load(d_ptr + row * D + offs, mask=mask, other=0.0)
     xf = x.to(tl.float32)
-    if PRESUM:
-        # after the wait one reduction: the stream's <x, w>, <x, x> and <x, sb> as the rows of one tile's sums
-        r4 = tl.arange(0, 4)[:, None]
-        dots = tl.sum(tl.where(r4 == 0, w[None, :], tl.where(r4 == 1, xf[None, :], sb[None, :])) * xf[None, :], 1)
-        r4 = tl.arange(0, 4)
-        xw = tl.sum(tl.where(r4 == 0, dots, 0.0), 0)
-        xx = tl.sum(tl.where(r4 == 1, dots, 0.0), 0)
-        xs = tl.sum(tl.where(r4 == 2, dots, 0.0), 0)
-        lx = xw / tl.sqrt(xx / D + eps)
-        m = tl.maximum(mb, lx)
-        alpha = tl.exp(mb - m)
-        beta = tl.exp(lx - m)
-        zt = alpha * zb + beta
-        y = (alpha * sb + beta * xf) / zt
-    else:
-        tile = tl.where(idx == NB, xf[None, :], tile)
-        lx = tl.sum(xf * w, 0) / tl.sqrt(tl.sum(xf * xf, 0) / D + eps)
-        logit = tl.where(rn == NB, lx, tl.where(rn < NB, logit, -float("inf")))
-        p = tl.exp(logit - tl.max(logit, 0))
-        y = tl.sum(tile * p[:, None], 0) / tl.sum(p, 0)
+    tile = tl.where(idx == NB, xf[None, :], tile)
+    lx = tl.sum(xf * w, 0) / tl.sqrt(tl.sum(xf * xf, 0) / D + eps)
+    rn = tl.arange(0, NPAD)
+    logit = tl.where(rn == NB, lx, tl.where(rn < NB, logit, -float("inf")))
+    p = tl.exp(logit - tl.max(logit, 0))
+    y = tl.sum(tile * p[:, None], 0) / tl.sum(p, 0)
     y_out = y.to(pout_ptr.dtype.element_ty)  # the aggregate in the stream's dtype (the norm reads it rounded)
     if HAS_OUT:
         tl.store(out_ptr + row * D + offs, y_out, mask=mask)
     if HAS_NORM:
         yf = y_out.to(tl.float32)
-        if PRESUM:  # ||y||^2 from the dot products above (of y before its rounding): no reduction of its own
-            ss = (alpha * alpha * sbb + 2.0 * alpha * beta * xs + beta * beta * xx) / (zt * zt)
-            r = 1.0 / tl.sqrt(ss / D + norm_eps)
-        else:
-            r = 1.0 / tl.sqrt(tl.sum(yf * yf, 0) / D + norm_eps)
+        r = 1.0 / tl.sqrt(tl.sum(yf * yf, 0) / D + norm_eps)
         z = (yf * r).to(y_out.dtype).to(tl.float32) * tl.load(nw_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(norm_ptr + row * D + offs, z.to(norm_ptr.dtype.element_ty), mask=mask)
-
-
-# The bank's part of the aggregate before the wait (PRESUM, on): the bank's logits do not depend on the stream, so
-# their softmax weights relative to each other, the bank's weighted sum sb and its squared norm are formed before
-# the kernel waits for delta. After the wait one tile reduction gives the stream value's <x, w>, <x, x> and
-# <x, sb>; the aggregate is (alpha sb + beta x) / (alpha z_b + beta) elementwise, and the next RMSNorm's
-# ||y||^2 = (alpha^2 ||sb||^2 + 2 alpha beta <x, sb> + beta^2 ||x||^2) / z^2. One block reduction after the wait
-# in place of three (the stream's logit, its norm, the aggregate's norm); the norm's factor is that of y before
-# its rounding to the stream's dtype (off: the decode ladder's stage before it)
-PRESUM = True
 
 
 # warps per program (None: one per 256 columns, at most 16); the decode ladder's --tile-sweep times others
@@ -130,8 +93,7 @@ def _launch(bank, partial, delta, w, w2, eps, norm_weight, norm_eps, want_out: b
                                D, eps, norm_eps or 0.0, NB=len(vals), HAS_P=p is not None,
                                HAS_D=p is not None and d is not None, HAS_W2=w2 is not None, HAS_OUT=want_out,
                                HAS_NORM=norm_weight is not None, NPAD=triton.next_power_of_2(len(vals) + 1),
-                               BLOCK=BLOCK, EARLY=early, PRESUM=PRESUM,
-                               num_warps=WARPS or max(1, min(16, BLOCK // 256)),
+                               BLOCK=BLOCK, EARLY=early, num_warps=WARPS or max(1, min(16, BLOCK // 256)),
                                **pdl_args(x0))
     view = lambda t: None if t is None else t.view(shape)  # noqa: E731
     return view(out), view(norm), view(new_p)
