@@ -7,16 +7,19 @@ paged KV / state-slot path (the reference ops), after a 64-token prompt.
 """
 
 import argparse
+import os
+import sys
 import time
 
 import torch
 
-from kestrel.mem.pools import KVPool, Memory, StatePool
-from kestrel.models.forward_batch import ForwardBatch, ForwardMode
-from kestrel.models.k3 import K3ForCausalLM
-from kestrel.models.presets import init_random, preset_config
-from kestrel.models.registry import BUNDLED, bundled_available
-from kestrel.models.loader import load_model
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from kestrel.mem.pools import KVPool, Memory, StatePool  # noqa: E402
+from kestrel.models.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
+from kestrel.models.k3 import K3ForCausalLM  # noqa: E402
+from kestrel.models.presets import init_random, preset_config  # noqa: E402
+from kestrel.models.registry import BUNDLED, bundled_available  # noqa: E402
+from kestrel.models.loader import load_model  # noqa: E402
 
 
 def prefill_tps(model, n=512, reps=3) -> float:

@@ -8,14 +8,17 @@ few dozen small torch ops, so the time is per-op overhead rather than arithmetic
 """
 
 import argparse
+import os
 import random
 import statistics
+import sys
 import time
 
 import torch
 
-from kestrel.models.presets import preset_config
-from kestrel.ops.kda import reference as ref
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from kestrel.models.presets import preset_config  # noqa: E402
+from kestrel.ops.kda import reference as ref  # noqa: E402
 
 
 def records(cfg, B: int, L: int, n: int, gen: torch.Generator):

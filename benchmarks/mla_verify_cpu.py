@@ -7,12 +7,15 @@ one block of 8 tokens, contexts of --contexts keys. Both sides turn about in thi
 """
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 
-from kestrel.ops.mla import reference as ref
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from kestrel.ops.mla import reference as ref  # noqa: E402
 
 
 def main() -> None:

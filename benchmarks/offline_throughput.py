@@ -17,15 +17,18 @@ same run as both sides).
 """
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from kestrel import Engine
-from kestrel.mem.pools import KVPool, Memory, StatePool
-from kestrel.models.forward_batch import ForwardBatch, ForwardMode
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from kestrel import Engine  # noqa: E402
+from kestrel.mem.pools import KVPool, Memory, StatePool  # noqa: E402
+from kestrel.models.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 
 
 def plain_loop(model, prompts: list[list[int]], new_tokens: int) -> float:

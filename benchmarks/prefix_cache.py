@@ -9,13 +9,16 @@ tokens actually prefilled, hit rate (cached / prompt tokens), mean TTFT. Then (a
 """
 
 import argparse
+import os
 import random
 import statistics
 
+import sys
 import torch
 
-from kestrel.engine.core import EngineCore
-from kestrel.config import ServerArgs
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from kestrel.engine.core import EngineCore  # noqa: E402
+from kestrel.config import ServerArgs  # noqa: E402
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 

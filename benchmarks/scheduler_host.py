@@ -9,13 +9,16 @@ Serial scheduling (no overlap thread), so the times do not include waiting for a
 """
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 
-from kestrel import Engine
-from kestrel.models.forward_batch import ForwardMode
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from kestrel import Engine  # noqa: E402
+from kestrel.models.forward_batch import ForwardMode  # noqa: E402
 
 
 def measure(name: str, batch: int, new_tokens: int, rounds: int, prompt_len: int = 8) -> dict[str, float]:

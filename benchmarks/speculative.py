@@ -16,18 +16,21 @@ The figures land in a JSON file with a plot of throughput against batch size bes
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from kestrel.config import ServerArgs
-from kestrel.engine.core import EngineCore
-from kestrel.models.presets import preset_config
-from kestrel.ops.kda.reference import kda_verify
-from kestrel.spec import distill_data
-from kestrel.tokenizer import Tokenizer
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from kestrel.config import ServerArgs  # noqa: E402
+from kestrel.engine.core import EngineCore  # noqa: E402
+from kestrel.models.presets import preset_config  # noqa: E402
+from kestrel.ops.kda.reference import kda_verify  # noqa: E402
+from kestrel.spec import distill_data  # noqa: E402
+from kestrel.tokenizer import Tokenizer  # noqa: E402
 
 
 def heldout_prompts(tok: Tokenizer, n: int) -> dict[str, list[list[int]]]:

@@ -11,14 +11,17 @@ tokens/s is printed too but is noisy on a shared CPU.
 """
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 
-from kestrel.config import ServerArgs
-from kestrel.engine.core import EngineCore
-from kestrel.mem.unified import BlockLayout
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from kestrel.config import ServerArgs  # noqa: E402
+from kestrel.engine.core import EngineCore  # noqa: E402
+from kestrel.mem.unified import BlockLayout  # noqa: E402
 
 WORKLOADS = [  # (name, requests, prompt tokens, new tokens)
     ("many short", 96, 16, 8),
