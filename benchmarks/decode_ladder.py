@@ -132,6 +132,8 @@ def ladder(cfg, model, args, log, floor_s):
     moe_ops.SHARED_STREAM = False
     # the KDA prep and recurrence kernels wait before reading the state, tail and weights
     kda_triton.EARLY_STATE = False
+    # every settle a launch of its own (not the epilogue of the GEMV before it)
+    attn_res_ops.FUSE_SETTLE = False
     with reference_ops():
         stage("eager, reference ops", lambda: model(fb), 5)
     stage("eager, Triton kernels", lambda: model(fb), 10)
@@ -199,8 +201,11 @@ def ladder(cfg, model, args, log, floor_s):
     paired = kept_stage("+ paired MoE tail", "CUDA graph, + MoE up and shared down projections as one GEMV", routed,
                         "paired tail vs two GEMVs")
     kda_triton.EARLY_STATE = True
-    kept_stage("+ early KDA state", "CUDA graph, + KDA state and conv tail read before the wait", paired,
-               "early KDA state vs waiting first")
+    early_state = kept_stage("+ early KDA state", "CUDA graph, + KDA state and conv tail read before the wait",
+                             paired, "early KDA state vs waiting first")
+    attn_res_ops.FUSE_SETTLE = True
+    kept_stage("+ settle epilogue", "CUDA graph, + settles run by the last program of the GEMV before", early_state,
+               "settle epilogue vs settle kernels")
     # (moe_ops.SHARED_STREAM, the shared experts on a second stream, serves 4-128 tokens: not batch 1)
     # (call 2 of the 2026-12-01 02:47 session, benchmarks/device/device_run56.sh, also timed the KDA gate's up
     # projection inside the prep kernel, 1.414 against 1.417 ms; the dense FFN's K = 8192 down projection loading whole tiles
@@ -222,11 +227,20 @@ def ladder(cfg, model, args, log, floor_s):
     interleaved(variants, fb, log)
     # the stages above count the host's issue of each step (cuda_time waits for every step before the next); the
     # engine's overlap scheduler issues step n + 1 while the device runs step n
-    last = variants["+ early KDA state"]
+    last = variants["+ settle epilogue"]
     t = back_to_back(lambda: last.run(fb), 50)
     log(f"last stage back to back (the engine's steady state): {t * 1e3:.3f} ms/step {1 / t:.1f} tok/s  "
         f"floor fraction {floor_s / t:.1%}")
-    for name in ("+ paired MoE tail", "+ early KDA state"):
+    # the last two stages back to back, turn about (a single run on one machine moves by a few per cent)
+    pair = ("+ early KDA state", "+ settle epilogue")
+    b2b = {k: [] for k in pair}
+    for _ in range(5):
+        for k in pair:
+            b2b[k].append(back_to_back(lambda: variants[k].run(fb), 50))
+    for k in pair:
+        log(f"back to back, turn about {k:<28} {statistics.median(b2b[k]) * 1e3:8.3f} ms/step "
+            f"(rounds {', '.join(f'{x * 1e3:.3f}' for x in b2b[k])})")
+    for name in pair:
         graph_timeline(lambda: variants[name].run(fb), log, label=name, sequence=range(0, 72))
     variants.clear()  # the graphs go (their memory pools with them)
     if args.tile_sweep:
