@@ -132,8 +132,6 @@ def ladder(cfg, model, args, log, floor_s):
     moe_ops.SHARED_STREAM = False
     # the KDA prep and recurrence kernels wait before reading the state, tail and weights
     kda_triton.EARLY_STATE = False
-    # every settle a launch of its own (not the epilogue of the GEMV before it)
-    attn_res_ops.FUSE_SETTLE = False
     with reference_ops():
         stage("eager, reference ops", lambda: model(fb), 5)
     stage("eager, Triton kernels", lambda: model(fb), 10)
@@ -201,11 +199,8 @@ def ladder(cfg, model, args, log, floor_s):
     paired = kept_stage("+ paired MoE tail", "CUDA graph, + MoE up and shared down projections as one GEMV", routed,
                         "paired tail vs two GEMVs")
     kda_triton.EARLY_STATE = True
-    early_state = kept_stage("+ early KDA state", "CUDA graph, + KDA state and conv tail read before the wait",
-                             paired, "early KDA state vs waiting first")
-    attn_res_ops.FUSE_SETTLE = True
-    kept_stage("+ settle epilogue", "CUDA graph, + settles run by the last program of the GEMV before", early_state,
-               "settle epilogue vs settle kernels")
+    kept_stage("+ early KDA state", "CUDA graph, + KDA state and conv tail read before the wait", paired,
+               "early KDA state vs waiting first")
     # (moe_ops.SHARED_STREAM, the shared experts on a second stream, serves 4-128 tokens: not batch 1)
     # (call 2 of the 2026-12-01 02:47 session, benchmarks/device/device_run56.sh, also timed the KDA gate's up
     # projection inside the prep kernel, 1.414 against 1.417 ms; the dense FFN's K = 8192 down projection loading whole tiles
@@ -221,26 +216,22 @@ def ladder(cfg, model, args, log, floor_s):
     # (call 159, 2026-12-06 05:11 session, H100, tree 0e11d03: the settle with the bank's softmax-weighted sum and
     # its norm formed before the wait, one block reduction after it in place of three: 1.486 against 1.488 ms back
     # to back turn about, 1.566 against 1.562 interleaved, the settles charged 229 against 228 us a step: dropped)
+    # (calls 160-161, 2026-12-06 20:22 session, H100, tree 54eceae: every settle as the epilogue of the GEMV ending
+    # the sublayer before it, run by the launch's last program found by an atomic ticket, 259 kernels a step in place
+    # of 307: 1.639 against 1.496 ms back to back turn about; the settle's [values, width] tile set the fused GEMVs'
+    # registers to 164 a thread (71 without), so their tiles streamed in two waves; capped at 96, with spills, 1.698
+    # against 1.499. Reverted)
     # (call 1 of the 2026-12-01 01:16 session timed L2 prefetches, benchmarks/device/device_run47.sh: the router GEMV's
     # last program asking L2 for the chosen experts, 1.391 -> 3.770 ms; the settles asking for their sublayer's
     # other weights, -> 6.777 ms. Reverted: see docs/kernels.md)
     interleaved(variants, fb, log)
     # the stages above count the host's issue of each step (cuda_time waits for every step before the next); the
     # engine's overlap scheduler issues step n + 1 while the device runs step n
-    last = variants["+ settle epilogue"]
+    last = variants["+ early KDA state"]
     t = back_to_back(lambda: last.run(fb), 50)
     log(f"last stage back to back (the engine's steady state): {t * 1e3:.3f} ms/step {1 / t:.1f} tok/s  "
         f"floor fraction {floor_s / t:.1%}")
-    # the last two stages back to back, turn about (a single run on one machine moves by a few per cent)
-    pair = ("+ early KDA state", "+ settle epilogue")
-    b2b = {k: [] for k in pair}
-    for _ in range(5):
-        for k in pair:
-            b2b[k].append(back_to_back(lambda: variants[k].run(fb), 50))
-    for k in pair:
-        log(f"back to back, turn about {k:<28} {statistics.median(b2b[k]) * 1e3:8.3f} ms/step "
-            f"(rounds {', '.join(f'{x * 1e3:.3f}' for x in b2b[k])})")
-    for name in pair:
+    for name in ("+ paired MoE tail", "+ early KDA state"):
         graph_timeline(lambda: variants[name].run(fb), log, label=name, sequence=range(0, 72))
     variants.clear()  # the graphs go (their memory pools with them)
     if args.tile_sweep:

@@ -17,8 +17,7 @@ from kestrel.models.layers.linear import Linear
 from kestrel.models.layers.norm import RMSNorm
 from kestrel.models.mla import MLAMixer
 from kestrel.models.moe import MoE, DenseFFN, activation
-from kestrel.ops import reference_ops, use_triton
-from kestrel.ops import attn_res as attn_res_ops
+from kestrel.ops import reference_ops
 from kestrel.ops.attn_res import attn_res, attn_res_settle
 from kestrel.ops import norm as norm_ops
 from kestrel.ops.norm import add_rms_norm
@@ -54,10 +53,8 @@ class DecoderLayer(nn.Module):
             self.attn_res = AttnResSite(D, dtype)
             self.mlp_res = AttnResSite(D, dtype)
 
-    def ffn(self, x: torch.Tensor, training: bool = False, settle=None) -> torch.Tensor:
-        if hasattr(self, "block_sparse_moe"):
-            return self.block_sparse_moe(x, training, settle)
-        return self.mlp(x, settle=settle)
+    def ffn(self, x: torch.Tensor, training: bool = False) -> torch.Tensor:
+        return self.block_sparse_moe(x, training) if hasattr(self, "block_sparse_moe") else self.mlp(x)
 
 
 # off: the embedding lookup and the first layer's input norm as two ops (two launches on a GPU)
@@ -80,28 +77,9 @@ class K3Model(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
         if cfg.attn_res_block_size:
             self.output_attn_res = AttnResSite(cfg.hidden_size, dtype)
-        self._settle_sync = None  # the settle epilogues' counters (see _handoff)
 
     def aggregate(self, site: AttnResSite, bank: list[torch.Tensor], partial: torch.Tensor) -> torch.Tensor:
         return attn_res(bank + [partial], site.vector(), self.cfg.rms_norm_eps)
-
-    def _handoff(self, site, norm: RMSNorm, bank, partial, index: int, like: torch.Tensor):
-        """The settle after a sublayer, handed to the sublayer's last kernel (the GPU's one-row GEMV runs it as its
-        epilogue: one launch fewer a settle), or None where no kernel could take it. index: the site's counter."""
-        if site is None or not bank or not attn_res_ops.FUSE_SETTLE or not use_triton(like) or like.shape[0] != 1:
-            return None
-        sync = self._settle_sync
-        if sync is None or sync.device != like.device:
-            # one int32 a site, zero between launches; allocated by the first (warm-up) forward, before any capture
-            sync = self._settle_sync = torch.zeros(2 * len(self.layers) + 1, dtype=torch.int32, device=like.device)
-        return attn_res_ops.Settle(bank, partial, site.norm_weight, site.proj_weight[0], self.cfg.rms_norm_eps,
-                                   norm.weight, norm.eps, sync[index : index + 1])
-
-    def _settled(self, handoff, site, norm: RMSNorm, bank, partial, delta):
-        """(partial, normed input) after a sublayer: what its last kernel settled, else _settle."""
-        if handoff is not None and handoff.result is not None:
-            return handoff.result
-        return self._settle(site, norm, bank, partial, delta)
 
     def _settle(self, site, norm: RMSNorm, bank, partial, delta):
         """Apply the pending sublayer output `delta` to the stream and pre-norm the next sublayer's input, fused on
@@ -132,29 +110,22 @@ class K3Model(nn.Module):
         captured = {}
         # a captured layer's output P + delta: the next settle writes it as its partial sum (no add of its own)
         pending = None
-        settled = None  # (partial, normed input) when the last sublayer's kernel ran the settle after it
         for l, layer in enumerate(self.layers):
             if l:
-                partial, x = settled or self._settle(layer.attn_res if block else None, layer.input_layernorm, bank,
-                                                     partial, delta)
+                partial, x = self._settle(layer.attn_res if block else None, layer.input_layernorm, bank, partial,
+                                          delta)
             if pending is not None:
                 captured[pending], pending = partial, None
             if block and l % block == 0:
                 bank.append(partial)
                 partial = None
-            site, norm = (layer.mlp_res if block else None), layer.post_attention_layernorm
-            handoff = self._handoff(site, norm, bank, partial, 2 * l, x)
-            delta = layer.self_attn(x, fb, settle=handoff)
-            partial, y = self._settled(handoff, site, norm, bank, partial, delta)
-            last = l + 1 == len(self.layers)
-            site = (self.output_attn_res if last else self.layers[l + 1].attn_res) if block else None
-            norm = self.norm if last else self.layers[l + 1].input_layernorm
-            handoff = self._handoff(site, norm, bank, partial, 2 * l + 1, y)
-            delta = layer.ffn(y, fb.training, settle=handoff)
-            settled = handoff.result if handoff is not None else None
+            delta = layer.self_attn(x, fb)
+            partial, y = self._settle(layer.mlp_res if block else None, layer.post_attention_layernorm, bank, partial,
+                                      delta)
+            delta = layer.ffn(y, fb.training)
             if l in fb.capture_layers:
                 pending = l
-        partial, h = settled or self._settle(self.output_attn_res if block else None, self.norm, bank, partial, delta)
+        partial, h = self._settle(self.output_attn_res if block else None, self.norm, bank, partial, delta)
         if pending is not None:
             captured[pending] = partial
         return h, captured

@@ -94,9 +94,8 @@ class KDAMixer(nn.Module):
             gate = self.g_b_proj(gate)
         return mixed, raw_gate, b, gate
 
-    def forward(self, x: torch.Tensor, fb: ForwardBatch, settle=None) -> torch.Tensor:
-        """x: the normalised mixer input [T, D]; settle: the AttnRes settle after this mixer, for its last kernel
-        to run where it can (kestrel.ops.attn_res.Settle)."""
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """x: the normalised mixer input [T, D]."""
         T, H, K = x.shape[0], self.num_heads, self.head_dim
         mixed, raw_gate, b, gate = self._project(x)  # beta = sigmoid(b): inside the decode and verify kernels
         if fb.mode == ForwardMode.DECODE and fb.mem is not None:
@@ -118,8 +117,7 @@ class KDAMixer(nn.Module):
         g, w = gate.reshape(T, H * K), self.o_norm.weight
         pro = Prologue("gated_rms", o.reshape(T, H * K), other=g, weight=w, eps=self.eps, group=K,
                        apply=lambda: gated_rms_norm(o, g.view(T, H, K), w, self.eps).reshape(T, H * K))
-        # the output norm inside a one-row GEMV
-        return self.o_proj.forward_with(pro, late_trigger=True, settle=settle)
+        return self.o_proj.forward_with(pro, late_trigger=True)  # the output norm inside a one-row GEMV
 
     def _qkv(self, y: torch.Tensor):
         """Conv output [..., 3HK] -> q, k normalised [..., H, K] and v [..., H, K]."""

@@ -53,8 +53,8 @@ class MLAMixer(nn.Module):
         q = self.q_a_proj if hasattr(self, "q_a_proj") else self.q_proj
         self._fused = FusedLinears(q, self.kv_a_proj_with_mqa, *([self.g_proj] if hasattr(self, "g_proj") else []))
 
-    def forward(self, x: torch.Tensor, fb: ForwardBatch, settle=None) -> torch.Tensor:
-        """x: the normalised mixer input [T, D]; settle: as in KDAMixer.forward."""
+    def forward(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """x: the normalised mixer input [T, D]."""
         fused = getattr(self, "_fused", None)
         q_a = kv_a = gate = None
         if fused is not None and fused.valid():
@@ -88,8 +88,8 @@ class MLAMixer(nn.Module):
             g = self.g_proj(x) if gate is None else gate
             # the output gate inside a one-row GEMV
             pro = Prologue("gate", o, lambda: o * torch.sigmoid(g), other=g)
-            return self.o_proj.forward_with(pro, late_trigger=True, settle=settle)
-        return self.o_proj(o, late_trigger=True, settle=settle)
+            return self.o_proj.forward_with(pro, late_trigger=True)
+        return self.o_proj(o, late_trigger=True)
 
     def _decode(self, q, buf, page_table, seq_lens, verify: bool = False):
         """Absorbed-form attention of one query token per page-table row over its first seq_lens keys (with

@@ -43,12 +43,11 @@ class DenseFFN(nn.Module):
         return linear_ops.Prologue("act", a, lambda: moe_ops.activate(self.act, a, b), other=b, act=self.act)
 
     def forward(self, x: torch.Tensor, gate_up: tuple[torch.Tensor, torch.Tensor] | None = None,
-                add: torch.Tensor | None = None, settle=None) -> torch.Tensor:
+                add: torch.Tensor | None = None) -> torch.Tensor:
         """gate_up: the two input projections when a caller already computed them (a fused front-end GEMM); add: a
-        residual summed into the output (by the down projection's epilogue on GPU); settle: as in
-        KDAMixer.forward."""
+        residual summed into the output (by the down projection's epilogue on GPU)."""
         # the activation inside a one-row GEMV; the FFN's last kernel lets its dependents launch late (K3Model)
-        return self.down_proj.forward_with(self.down_input(x, gate_up), add, late_trigger=True, settle=settle)
+        return self.down_proj.forward_with(self.down_input(x, gate_up), add, late_trigger=True)
 
 
 class Router(nn.Module):
@@ -102,8 +101,7 @@ class MoE(nn.Module):
             self._fused = FusedLinears(self.routed_expert_down_proj, se.gate_proj, se.up_proj)
             se.fused_by_parent = True
 
-    def forward(self, x: torch.Tensor, training: bool = False, settle=None) -> torch.Tensor:
-        """settle: as in KDAMixer.forward (given to whichever kernel ends the MoE)."""
+    def forward(self, x: torch.Tensor, training: bool = False) -> torch.Tensor:
         fused = getattr(self, "_fused", None)
         fused = fused if fused is not None and fused.valid() else None
         latent, shared = hasattr(self, "routed_expert_up_proj"), hasattr(self, "shared_experts")
@@ -160,11 +158,10 @@ class MoE(nn.Module):
                 if not last:  # the latent up projection and the shared experts' down projection: one launch
                     se = self.shared_experts
                     return linear_pair(self.routed_expert_up_proj, pro, se.down_proj, se.down_input(x, shared_in),
-                                       late_trigger=True, settle=settle)
-                y = self.routed_expert_up_proj.forward_with(pro, add, late_trigger=last, settle=last and settle or None)
+                                       late_trigger=True)
+                y = self.routed_expert_up_proj.forward_with(pro, add, late_trigger=last)
             else:
-                y = self.routed_expert_up_proj(y, add, late_trigger=last, settle=last and settle or None)
+                y = self.routed_expert_up_proj(y, add, late_trigger=last)
         if shared and beside is None:
-            # shared + routed: the add rides the down projection
-            y = self.shared_experts(x, shared_in, add=y, settle=settle)
+            y = self.shared_experts(x, shared_in, add=y)  # shared + routed: the add rides the down projection
         return y

@@ -32,3 +32,8 @@ def pytest_terminal_summary(terminalreporter):
     if sm90 is not None and sm90.seen:
         terminalreporter.write_line(f"sm_90 compiles: {len(sm90.seen)} specialisations of "
                                     f"{len(set(sm90.seen.values()))} kernels")
+    if sm90 is not None and sm90.regs:  # KESTREL_SM90_REGS=1 (one process: without -n)
+        terminalreporter.write_line("registers a thread (kernel, PDL, warps: registers, spill bytes stored / "
+                                    "loaded), the most first:")
+        for name, pdl, warps, used, st, ld in sorted(set(sm90.regs.values()), key=lambda r: -r[3])[:40]:
+            terminalreporter.write_line(f"  {name:<32} PDL {pdl!s:<5} warps {warps:2d}: {used:3d}  {st} / {ld}")

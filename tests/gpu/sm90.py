@@ -11,6 +11,10 @@ launched the kernel.
 """
 
 import contextlib
+import os
+import re
+import shutil
+import subprocess
 import sys
 
 import triton.language as tl
@@ -26,6 +30,11 @@ _real: dict = {}  # the Python function -> its JITFunction
 # globals, which outside a compile are InterpretedFunctions it cannot take)
 _binders: dict = {}
 seen: dict = {}  # specialisation key -> the kernel's name (what was compiled, for the report)
+# KESTREL_SM90_REGS=1: each compiled specialisation's registers and spills a thread, from `ptxas -v` on its PTX
+# (ptxas ships with the CUDA toolkit, which these CPU machines have): a kernel's register count sets how many of
+# its programs an SM holds, so whether a launch's grid streams in one wave (docs/kernels.md, 2026-12-06 20:22)
+REGS = os.environ.get("KESTREL_SM90_REGS") == "1"
+regs: dict = {}  # specialisation key -> (kernel, PDL, warps, registers, spill store bytes, spill load bytes)
 # what the interpreter patches (and, for a helper called from an interpreted kernel, leaves patched): their
 # attributes as imported, taken by install() before any kernel is interpreted
 _LANG = (tl, tl.core, tl.math, tl.core.tensor, tl.core.tensor_descriptor_base)
@@ -91,8 +100,23 @@ def compile_launch(f: InterpretedFunction, args, kwargs) -> None:
         if key in seen:
             continue
         with _real_functions(f.fn.__module__):
-            compile(ASTSource(jf, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
+            kernel = compile(ASTSource(jf, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
         seen[key] = f.fn.__name__
+        if REGS:
+            regs[key] = (f.fn.__name__, bool(kw.get("PDL")), options.num_warps, *ptxas_usage(kernel.asm["ptx"]))
+
+
+def ptxas_usage(ptx: str) -> tuple[int, int, int]:
+    """(registers, spill store bytes, spill load bytes) a thread of a compiled kernel, from `ptxas -v`."""
+    exe = shutil.which("ptxas")
+    if exe is None:
+        raise RuntimeError("KESTREL_SM90_REGS=1 needs ptxas (the CUDA toolkit) on PATH")
+    arch = re.search(r"^\.target\s+(\w+)", ptx, re.M).group(1)
+    out = subprocess.run([exe, "-v", f"-arch={arch}", "-", "-o", os.devnull], input=ptx, capture_output=True,
+                         text=True, check=True).stderr
+    used = int(re.search(r"Used (\d+) registers", out).group(1))
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
+    return used, int(spills.group(1)) if spills else 0, int(spills.group(2)) if spills else 0
 
 
 def install() -> None:

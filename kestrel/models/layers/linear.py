@@ -23,24 +23,22 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
 
-    def forward(self, x: torch.Tensor, add: torch.Tensor | None = None, late_trigger: bool = False,
-                settle=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, add: torch.Tensor | None = None, late_trigger: bool = False) -> torch.Tensor:
         """add: a residual summed into the output (in the GEMV's epilogue on GPU); late_trigger: see
-        linear_ops.linear (a sublayer's last projection: the settle after it reads the stream early); settle: the
-        settle after it, for the GEMV to run as its epilogue where it can (see linear_ops.linear)."""
+        linear_ops.linear (a sublayer's last projection: the settle after it reads the stream early)."""
         if self.bias is not None:
             y = F.linear(x, self.weight, self.bias)
             return y if add is None else y + add
         if (y := linear_ops.kmajor_linear(self, x, self.weight)) is not None:  # a large weight's one-row CPU product
             return y if add is None else y + add
-        return linear_ops.linear(x, self.weight, add, late_trigger, settle)
+        return linear_ops.linear(x, self.weight, add, late_trigger)
 
     def forward_with(self, pro: linear_ops.Prologue, add: torch.Tensor | None = None,
-                     late_trigger: bool = False, settle=None) -> torch.Tensor:
+                     late_trigger: bool = False) -> torch.Tensor:
         """self(pro.apply(), add): the input made by a prologue, inside the GEMV where one serves the call."""
         if self.bias is not None:
             return self(pro.apply(), add)
-        return linear_ops.linear_with(pro, self.weight, add, late_trigger, settle)
+        return linear_ops.linear_with(pro, self.weight, add, late_trigger)
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}"
@@ -70,12 +68,12 @@ def cpu_kmajor_layout(model: nn.Module) -> int:
 
 
 def linear_pair(a: Linear, pro_a: linear_ops.Prologue, b: Linear, pro_b: linear_ops.Prologue,
-                late_trigger: bool = False, settle=None) -> torch.Tensor:
+                late_trigger: bool = False) -> torch.Tensor:
     """b.forward_with(pro_b, add=a.forward_with(pro_a)): two projections summed into one output, one launch where
     the one-row GEMV serves both."""
     if a.bias is None and b.bias is None:
-        return linear_ops.linear_pair(pro_a, a.weight, pro_b, b.weight, late_trigger, settle)
-    return b.forward_with(pro_b, a.forward_with(pro_a), late_trigger, settle)
+        return linear_ops.linear_pair(pro_a, a.weight, pro_b, b.weight, late_trigger)
+    return b.forward_with(pro_b, a.forward_with(pro_a), late_trigger)
 
 
 class ExpertWeights(nn.Module):

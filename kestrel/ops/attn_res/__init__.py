@@ -31,20 +31,3 @@ def attn_res_settle(bank, partial, delta, key_norm, key_proj, eps: float, norm_w
 
 # off: the settle waits before reading anything (the decode ladder's "before" stage)
 EARLY_SETTLE = True
-
-
-class Settle:
-    """A settle handed to the kernel that produces delta, to run as that kernel's epilogue (on the GPU one-row
-    GEMV: kestrel.ops.linear.triton). The producer passes its output as delta; where a kernel took it, `result`
-    holds (new partial sum, normed input), else it stays None and the caller settles as before. `sync` is the
-    call site's int32 counter (zero between launches)."""
-
-    def __init__(self, bank, partial, key_norm, key_proj, eps: float, norm_weight, norm_eps: float, sync):
-        self.bank, self.partial = bank, partial
-        self.key_norm, self.key_proj, self.eps = key_norm, key_proj, eps
-        self.norm_weight, self.norm_eps, self.sync = norm_weight, norm_eps, sync
-        self.result = None
-
-
-# off: every settle is a launch of its own (the decode ladder's stage before the settle epilogue)
-FUSE_SETTLE = True

@@ -24,18 +24,6 @@ def _attn_res_kernel(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, out_ptr, nw_pt
         if not EARLY:
             gdc_wait()
     row = tl.program_id(0).to(tl.int64)
-    settle_row(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, out_ptr, nw_ptr, norm_ptr, row, D, eps, norm_eps, NB, HAS_P,
-               HAS_D, HAS_W2, HAS_OUT, HAS_NORM, NPAD, BLOCK, EARLY and PDL, False)
-
-
-@triton.jit
-def settle_row(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, out_ptr, nw_ptr, norm_ptr, row, D, eps, norm_eps,
-               NB: tl.constexpr, HAS_P: tl.constexpr, HAS_D: tl.constexpr, HAS_W2: tl.constexpr,
-               HAS_OUT: tl.constexpr, HAS_NORM: tl.constexpr, NPAD: tl.constexpr, BLOCK: tl.constexpr,
-               WAIT_BEFORE_DELTA: tl.constexpr, DELTA_L2: tl.constexpr):
-    """One row of the settle (or of a plain aggregation without delta): the bank and the partial sum loaded, their
-    logits formed, then (after griddepcontrol.wait when WAIT_BEFORE_DELTA) delta read (from L2 when DELTA_L2: it was
-    written by other programs of the same launch, see kestrel.ops.linear.triton's settle epilogue)."""
     offs = tl.arange(0, BLOCK)
     mask = offs < D
     idx = tl.arange(0, NPAD)[:, None]
@@ -52,22 +40,16 @@ def settle_row(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, out_ptr, nw_ptr, nor
     # the last value: the partial sum, with the pending sublayer output added in the stream's dtype (torch's add)
     if HAS_P:
         x = tl.load(p_ptr + row * D + offs, mask=mask, other=0.0)
-        if WAIT_BEFORE_DELTA:
+        if EARLY and PDL:
             gdc_wait()
         if HAS_D:
-            if DELTA_L2:
-                d = tl.load(d_ptr + row * D + offs, mask=mask, other=0.0, cache_modifier=".cg")
-            else:
-                d = tl.load(d_ptr + row * D + offs, mask=mask, other=0.0)
-            x = (x.to(tl.float32) + d.to(tl.float32)).to(pout_ptr.dtype.element_ty)
+            x = (x.to(tl.float32) + tl.load(d_ptr + row * D + offs, mask=mask, other=0.0).to(tl.float32))
+            x = x.to(pout_ptr.dtype.element_ty)
             tl.store(pout_ptr + row * D + offs, x, mask=mask)
     else:
-        if WAIT_BEFORE_DELTA:
+        if EARLY and PDL:
             gdc_wait()
-        if DELTA_L2:
-            x = tl.load(d_ptr + row * D + offs, mask=mask, other=0.0, cache_modifier=".cg")
-        else:
-            x = tl.load(d_ptr + row * D + offs, mask=mask, other=0.0)
+        x = tl.load(d_ptr + row * D + offs, mask=mask, other=0.0)
     xf = x.to(tl.float32)
     tile = tl.where(idx == NB, xf[None, :], tile)
     lx = tl.sum(xf * w, 0) / tl.sqrt(tl.sum(xf * xf, 0) / D + eps)
@@ -141,26 +123,3 @@ def attn_res_settle(bank, partial, delta, key_norm, key_proj, eps: float, norm_w
         return ref(bank, partial, delta, key_norm, key_proj, eps, norm_weight, norm_eps)
     _, normed, new_p = _launch(bank, partial, delta, key_norm, key_proj, eps, norm_weight, norm_eps, False, early)
     return new_p, normed
-
-
-def epilogue_kwargs(settle, y: torch.Tensor) -> dict:
-    """The settle-epilogue arguments of kestrel.ops.linear.triton's GEMV kernels for output y [M, N]: settle's
-    (a kestrel.ops.attn_res.Settle or None) where the epilogue serves it (one row, at most 8 values of
-    width <= 8192, the stream's dtype; its result is set here, the kernel then writes it), else the no-epilogue
-    form (S_NB = 0)."""
-    M, N = y.shape
-    ok = (settle is not None and M == 1 and 0 < len(settle.bank) < 8 and N <= 8192 and y.dtype != torch.float64
-          and all(v.dtype == y.dtype and v.shape[-1] == N and v.is_contiguous() for v in settle.bank)
-          and (settle.partial is None or (settle.partial.dtype == y.dtype and settle.partial.is_contiguous())))
-    if not ok:
-        return dict(s_bank=(y,), s_sync=y, s_p=y, s_pout=y, s_w=y, s_w2=y, s_nw=y, s_norm=y, s_eps=0.0,
-                    s_norm_eps=0.0, S_NB=0, S_HAS_P=False, S_NPAD=1, S_BLOCK=1)
-    p = settle.partial.reshape(1, N) if settle.partial is not None else None
-    new_p = torch.empty_like(y) if p is not None else y
-    normed = torch.empty(1, N, dtype=torch.promote_types(settle.norm_weight.dtype, y.dtype), device=y.device)
-    settle.result = (new_p, normed)
-    return dict(s_bank=tuple(v.reshape(-1, N) for v in settle.bank), s_sync=settle.sync,
-                s_p=p if p is not None else y, s_pout=new_p, s_w=settle.key_norm, s_w2=settle.key_proj,
-                s_nw=settle.norm_weight, s_norm=normed, s_eps=float(settle.eps), s_norm_eps=float(settle.norm_eps),
-                S_NB=len(settle.bank), S_HAS_P=p is not None, S_NPAD=triton.next_power_of_2(len(settle.bank) + 1),
-                S_BLOCK=triton.next_power_of_2(N))

@@ -35,14 +35,12 @@ def gemv_rows(weight: torch.Tensor) -> int:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = None,
-           late_trigger: bool = False, settle=None) -> torch.Tensor:
+           late_trigger: bool = False) -> torch.Tensor:
     """x [..., K] @ weight[N, K]^T (+ add, a residual of the output's shape) -> [..., N] in the wider of the two
     dtypes (an fp32 router weight reads bf16 activations without a converted copy on the GEMV path; the GEMV adds
     `add` in its epilogue, rounding as the separate add would). late_trigger: every kernel before this call has
     finished when the next kernel starts (under programmatic dependent launch the GEMV lets its dependents launch
-    only after its own wait; every other path launches plainly, which orders the same). settle: a
-    kestrel.ops.attn_res.Settle of the output, which the GEMV runs as its epilogue where it can (settle.result set);
-    every other path leaves it to the caller."""
+    only after its own wait; every other path launches plainly, which orders the same)."""
     if x.device.type == "cpu" and x.dtype == weight.dtype:  # the reference without its casts and dispatch checks
         y = F.linear(x, weight)  # (~10 us a call on this path, ~100 calls a k3-small token)
         return y if add is None else y + add
@@ -56,7 +54,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = Non
         return reference.linear(x, weight, add)
     shape = (*x.shape[:-1], weight.shape[0])
     return fn(x.reshape(rows, x.shape[-1]), weight, None if add is None else add.reshape(rows, weight.shape[0]),
-              late_trigger=late_trigger, settle=settle).view(shape)
+              late_trigger=late_trigger).view(shape)
 
 
 # On a CPU a one-row product with a weight this large (bytes) reads a K-major copy of it ([K, N] contiguous): such a
@@ -129,15 +127,14 @@ def _gemv_input(pro: Prologue, weight: torch.Tensor) -> bool:
 
 
 def linear_with(pro: Prologue, weight: torch.Tensor, add: torch.Tensor | None = None,
-                late_trigger: bool = False, settle=None) -> torch.Tensor:
+                late_trigger: bool = False) -> torch.Tensor:
     """linear(pro.apply(), weight, add) for 2-D inputs, with the prologue inside the GEMV where it serves the call."""
     x = pro.x
     if FUSE_PROLOGUES and _gemv_input(pro, weight) and (add is None or add.dtype == x.dtype):
         fits = kernel(__name__ + ".triton", "fits_prologue", x)
         if fits is not None and fits(*weight.shape):
-            return kernel(__name__ + ".triton", "linear", x)(x, weight, add, pro, late_trigger=late_trigger,
-                                                             settle=settle)
-    return linear(pro.apply(), weight, add, late_trigger, settle)
+            return kernel(__name__ + ".triton", "linear", x)(x, weight, add, pro, late_trigger=late_trigger)
+    return linear(pro.apply(), weight, add, late_trigger)
 
 
 # off: a sublayer's two summed projections run as two GEMVs (the decode ladder's stage before the pair)
@@ -145,7 +142,7 @@ FUSE_PAIRS = True
 
 
 def linear_pair(pro_a: Prologue, weight_a: torch.Tensor, pro_b: Prologue, weight_b: torch.Tensor,
-                late_trigger: bool = False, settle=None) -> torch.Tensor:
+                late_trigger: bool = False) -> torch.Tensor:
     """linear_with(pro_b, weight_b, add=linear_with(pro_a, weight_a)): two projections into one output, summed as
     the second's epilogue sums a residual. One launch where the one-row GEMV serves both (bit-equal to the two)."""
     if (FUSE_PROLOGUES and FUSE_PAIRS and _gemv_input(pro_a, weight_a) and _gemv_input(pro_b, weight_b)
@@ -154,8 +151,8 @@ def linear_pair(pro_a: Prologue, weight_a: torch.Tensor, pro_b: Prologue, weight
         fits = kernel(__name__ + ".triton", "fits_pair", pro_a.x)
         if fits is not None and fits(weight_a.shape[0], weight_a.shape[1], weight_b.shape[1]):
             pair = kernel(__name__ + ".triton", "linear_pair", pro_a.x)
-            return pair(pro_a.x, weight_a, pro_a, pro_b.x, weight_b, pro_b, late_trigger=late_trigger, settle=settle)
-    return linear_with(pro_b, weight_b, linear_with(pro_a, weight_a), late_trigger, settle)
+            return pair(pro_a.x, weight_a, pro_a, pro_b.x, weight_b, pro_b, late_trigger=late_trigger)
+    return linear_with(pro_b, weight_b, linear_with(pro_a, weight_a), late_trigger)
 
 
 def linear_stacked(x: torch.Tensor, weight: torch.Tensor, groups: int) -> list[torch.Tensor]:

@@ -22,7 +22,6 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kestrel.ops import linear as dispatch
-from kestrel.ops.attn_res.triton import epilogue_kwargs, settle_row
 from kestrel.ops import pdl
 from kestrel.ops.triton_utils import act as _act
 
@@ -75,29 +74,10 @@ def _dot_rows(acc, w, x_ptr, x2_ptr, nw_ptr, sx, sx2, cols, M, K: tl.constexpr, 
 
 
 @triton.jit
-def _settle_epilogue(y_ptr, N, s_bank, s_sync, s_p, s_pout, s_w, s_w2, s_nw, s_norm, s_eps, s_norm_eps,
-                     S_NB: tl.constexpr, S_HAS_P: tl.constexpr, S_NPAD: tl.constexpr, S_BLOCK: tl.constexpr):
-    """The AttnRes settle of this launch's one output row (delta), run by the launch's last program to finish
-    (S_NB > 0: the bank's values; 0, no epilogue): every program stores its slice of y, then counts itself done (a
-    release atomic on the call site's counter, s_sync); the program that counts last reads the whole row from L2
-    and settles it (kestrel.ops.attn_res.triton.settle_row), then re-arms the counter for the next launch (CUDA-graph
-    replays). One kernel boundary fewer on the decode chain: the next kernel's wait now covers the settle."""
-    if S_NB > 0:
-        tl.debug_barrier()  # every thread's y stores before the release
-        total = tl.num_programs(0) * tl.num_programs(1)
-        if tl.atomic_add(s_sync, 1, sem="acq_rel") == total - 1:
-            tl.atomic_xchg(s_sync, 0)
-            settle_row(s_bank, s_p, y_ptr, s_pout, s_w, s_w2, y_ptr, s_nw, s_norm, 0, N, s_eps, s_norm_eps, S_NB,
-                       S_HAS_P, True, True, False, True, S_NPAD, S_BLOCK, False, True)
-
-
-@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, add_ptr, x2_ptr, nw_ptr, M, N, GN, sx, sx2, eps, beta, lbeta,
                  K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, HAS_ADD: tl.constexpr,
                  PDL: tl.constexpr, PREFETCH: tl.constexpr, PRO: tl.constexpr, SITU: tl.constexpr,
-                 GROUP: tl.constexpr, STACKED: tl.constexpr, LATE_TRIGGER: tl.constexpr, ROW_GRID: tl.constexpr,
-                 s_bank, s_sync, s_p, s_pout, s_w, s_w2, s_nw, s_norm, s_eps, s_norm_eps, S_NB: tl.constexpr,
-                 S_HAS_P: tl.constexpr, S_NPAD: tl.constexpr, S_BLOCK: tl.constexpr):
+                 GROUP: tl.constexpr, STACKED: tl.constexpr, LATE_TRIGGER: tl.constexpr, ROW_GRID: tl.constexpr):
     nb, r = tl.program_id(0), tl.program_id(1)
     if ROW_GRID == 2:  # the rows on grid axis 0 (see _row_grid)
         nb, r = tl.program_id(1), tl.program_id(0)
@@ -140,8 +120,6 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, add_ptr, x2_ptr, nw_ptr, M, N, GN, sx, sx2
         r = tl.load(add_ptr + rm[:, None] * N + rows[None, :], mask=out_mask, other=0.0)
         y = (y.to(tl.float32) + r.to(tl.float32)).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + rm[:, None] * N + rows[None, :], y, mask=out_mask)
-    _settle_epilogue(y_ptr, N, s_bank, s_sync, s_p, s_pout, s_w, s_w2, s_nw, s_norm, s_eps, s_norm_eps, S_NB,
-                     S_HAS_P, S_NPAD, S_BLOCK)
 
 
 @triton.jit
@@ -149,9 +127,7 @@ def _gemv_pair_kernel(xa_ptr, xa2_ptr, nwa_ptr, wa_ptr, sxa, sxa2, eps_a, xb_ptr
                       eps_b, beta, lbeta, y_ptr, M, N, KA: tl.constexpr, KPA: tl.constexpr, PRO_A: tl.constexpr,
                       KB: tl.constexpr, KPB: tl.constexpr, PRO_B: tl.constexpr, SITU: tl.constexpr,
                       BM: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr, LATE_TRIGGER: tl.constexpr,
-                      ROW_GRID: tl.constexpr, s_bank, s_sync, s_p, s_pout, s_w, s_w2, s_nw, s_norm, s_eps,
-                      s_norm_eps, S_NB: tl.constexpr, S_HAS_P: tl.constexpr, S_NPAD: tl.constexpr,
-                      S_BLOCK: tl.constexpr):
+                      ROW_GRID: tl.constexpr):
     """Two one-row GEMVs into one output, each rounded as its own launch would round it: round(round(A) +
     round(B)) with A = wa @ pro_a(xa), B = wb @ pro_b(xb). Both whole tiles are loaded before the wait."""
     nb, r = tl.program_id(0), tl.program_id(1)
@@ -184,8 +160,6 @@ def _gemv_pair_kernel(xa_ptr, xa2_ptr, nwa_ptr, wa_ptr, sxa, sxa2, eps_a, xb_ptr
     dt = y_ptr.dtype.element_ty
     y = (acc_b.to(dt).to(tl.float32) + acc_a.to(dt).to(tl.float32)).to(dt)
     tl.store(y_ptr + rm[:, None] * N + rows[None, :], y, mask=(rm[:, None] < M) & (rows[None, :] < N))
-    _settle_epilogue(y_ptr, N, s_bank, s_sync, s_p, s_pout, s_w, s_w2, s_nw, s_norm, s_eps, s_norm_eps, S_NB,
-                     S_HAS_P, S_NPAD, S_BLOCK)
 
 
 # (rows per program, K per step) override for benchmarks/kernels.py's tile sweep; None = the rule below
@@ -238,31 +212,19 @@ def _grid(tiles: int, M: int, row_grid: int) -> tuple[int, int]:
     return (M, tiles) if row_grid == 2 else (tiles, M if row_grid else 1)
 
 
-# registers a thread of a GEMV with the settle epilogue may use (0: as the compiler likes). The settle's [values,
-# width] tile would otherwise set the whole launch's registers (k3-mini: 164 a thread against 71 without it), so
-# fewer programs fit an SM and the GEMV's weight tiles stream in two waves; capped, only the last program's settle
-# spills
-SETTLE_MAXNREG = 96
-
-
-def _maxnreg(settle) -> dict:
-    return {"maxnreg": SETTLE_MAXNREG} if settle is not None and SETTLE_MAXNREG else {}
-
-
 def fits_prologue(N: int, K: int) -> bool:
     """Whether a GEMV of this shape loads its tile whole (the only form that takes a prologue)."""
     return _tile(N, K)[2] > 0
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = None, pro=None,
-           groups: int = 1, late_trigger: bool = False, settle=None) -> torch.Tensor:
+           groups: int = 1, late_trigger: bool = False) -> torch.Tensor:
     """x [M <= 8, K] @ weight[N, K]^T (+ add [M, N], same dtype as the result) -> [M, N] in the wider dtype of
     the two (fp32 accumulation). pro: a kestrel.ops.linear.Prologue whose transform of x (rows may be strided) is
     the GEMV's input; the shape must fit_prologue. groups > 1: `groups` stacked layers over as many column groups
     of x (x [M, groups * K'], weight [groups * N', K']; see kestrel.ops.linear.linear_stacked). late_trigger:
     under PDL, let the next kernel launch only once this one has waited (so everything before this kernel has
-    finished by then). settle: a kestrel.ops.attn_res.Settle of the output (delta) for the launch to run as its
-    epilogue where it can (then settle.result is set)."""
+    finished by then)."""
     M, K = x.shape
     N = weight.shape[0]
     assert M <= 8 and weight.is_contiguous() and K == groups * weight.shape[1] and N % groups == 0
@@ -284,9 +246,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, add: torch.Tensor | None = Non
             x, weight, y, add if add is not None else y, x2, nw, 1 if row_grid else M, N, N // groups, x.stride(0),
             x2.stride(0), eps, beta, lbeta, K=K, BM=1 if row_grid else triton.next_power_of_2(M), BN=BN, BK=BK,
             HAS_ADD=add is not None, PDL=use_pdl, PREFETCH=prefetch, PRO=kind, SITU=situ, GROUP=group,
-            STACKED=groups > 1, LATE_TRIGGER=late_trigger, ROW_GRID=row_grid,
-            **epilogue_kwargs(settle if groups == 1 and not row_grid else None, y), num_stages=1,
-            launch_pdl=use_pdl, num_warps=8 if prefetch and BN * prefetch >= 16384 else 4, **_maxnreg(settle))
+            STACKED=groups > 1, LATE_TRIGGER=late_trigger, ROW_GRID=row_grid, num_stages=1, launch_pdl=use_pdl,
+            num_warps=8 if prefetch and BN * prefetch >= 16384 else 4)
     return y
 
 
@@ -315,11 +276,11 @@ def fits_pair(N: int, KA: int, KB: int) -> bool:
 
 
 def linear_pair(xa: torch.Tensor, wa: torch.Tensor, pro_a, xb: torch.Tensor, wb: torch.Tensor, pro_b,
-                late_trigger: bool = False, settle=None) -> torch.Tensor:
+                late_trigger: bool = False) -> torch.Tensor:
     """linear(pro_b(xb), wb, add=linear(pro_a(xa), wa)) in one launch, bit-equal to the two GEMVs when each tile
     has the layout its own launch gives it (same rows per program and warps): xa [M, KA], xb [M, KB], wa [N, KA],
     wb [N, KB]. The pair where a sublayer ends in two projections summed (the latent MoE's up projection and the
-    shared experts' down projection): one kernel boundary fewer on the decode chain. settle: as in linear."""
+    shared experts' down projection): one kernel boundary fewer on the decode chain."""
     M, KA = xa.shape
     KB = xb.shape[1]
     N = wa.shape[0]
@@ -344,6 +305,5 @@ def linear_pair(xa: torch.Tensor, wa: torch.Tensor, pro_a, xb: torch.Tensor, wb:
             xa, xa2, nwa, wa, xa.stride(0), xa2.stride(0), eps_a, xb, xb2, nwb, wb, xb.stride(0), xb2.stride(0), eps_b,
             beta, lbeta, y, 1 if row_grid else M, N, KA=KA, KPA=KPA, PRO_A=ka, KB=KB, KPB=KPB, PRO_B=kb, SITU=situ,
             BM=1 if row_grid else triton.next_power_of_2(M), BN=BN, PDL=use_pdl, LATE_TRIGGER=late_trigger,
-            ROW_GRID=row_grid, **epilogue_kwargs(None if row_grid else settle, y), num_stages=1, launch_pdl=use_pdl,
-            num_warps=warps, **_maxnreg(settle))
+            ROW_GRID=row_grid, num_stages=1, launch_pdl=use_pdl, num_warps=warps)
     return y
