@@ -121,12 +121,14 @@ class MLAMixer(nn.Module):
         buf = fb.mem.kv_buffer(self.layer_id) if fb.mem is not None else None
         # keys per sequence: its cached prefix and new tokens, or only this call's tokens without a cache
         keys = fb.seq_lens if buf is not None else fb.extend_lens
+        if fb.batch_size == 1:
+            return self._one_sequence(q, latent, fb, 0, buf)
+        if q.is_cuda and PACKED_PREFILL:
+            return self._packed(q, latent, fb, keys, buf)
         # on the CPU, sequences of similar sizes go through one padded block (a Python loop over a batch of short
-        # prompts cost more than their attention); the GPU runs its attention kernel per sequence
+        # prompts cost more than their attention)
         groups = ([[i] for i in range(fb.batch_size)] if q.is_cuda
                   else prefill_groups(fb.extend_lens, keys, self.num_heads))
-        if len(groups) == 1 and len(groups[0]) == 1:
-            return self._one_sequence(q, latent, fb, 0, buf)
         o = q.new_empty(q.shape[0], self.num_heads, self.v_dim)
         for group in groups:
             if len(group) == 1:
@@ -144,6 +146,28 @@ class MLAMixer(nn.Module):
         else:
             lat = mla_ops.gather_latents(buf, fb.page_table[i], fb.prefix_lens[i] + b - a).to(q.dtype)
         return self._expanded(q[a:b], lat, fb.prefix_lens[i])[0]
+
+    def _packed(self, q, latent, fb, keys: list[int], buf):
+        """Every sequence's new tokens over its keys in one varlen attention launch (GPU): the keys of all
+        sequences gathered back to back (from the cache through each page-table row, or this call's latents) and
+        expanded by one kv_b_proj GEMM, where the per-sequence loop costs ~8 launches a sequence."""
+        H, n = self.num_heads, fb.batch_size
+        cu_k = [0]
+        for s in keys:
+            cu_k.append(cu_k[-1] + s)
+        if buf is None:
+            lat = latent  # no cache: the keys are this call's tokens, packed as the queries are
+        else:
+            dev, ps = q.device, buf.shape[1]
+            counts = torch.tensor(keys, device=dev)
+            seq = torch.repeat_interleave(torch.arange(n, device=dev), counts, output_size=cu_k[-1])
+            pos = torch.arange(cu_k[-1], device=dev) - torch.tensor(cu_k[:-1], device=dev)[seq]
+            lat = buf[fb.page_table[seq, pos // ps].long(), pos % ps].to(q.dtype)  # [sum keys, rank + rope]
+        S = lat.shape[0]
+        kv = self.kv_b_proj(lat[:, : self.rank]).view(S, H, self.nope + self.v_dim)
+        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
+        k = torch.cat([k_nope, lat[:, None, self.rank :].expand(S, H, self.rope)], dim=-1)
+        return mla_ops.attention_varlen(q, k, v, self.scale, fb.cu_seqlens, cu_k, fb.prefix_lens)[0]
 
     def _padded(self, q, latent, fb, group: list[int], keys: list[int], buf):
         """The sequences of `group` as one padded block: (the packed rows of their tokens, their outputs)."""
@@ -180,6 +204,10 @@ class MLAMixer(nn.Module):
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
         k = torch.cat([k_nope, lat[:, None, self.rank :].expand(S, H, self.rope)], dim=-1)
         return mla_ops.attention(q, k, v, self.scale, q_offset)
+
+
+# off: a GPU prefill of several sequences runs their attention one sequence at a time
+PACKED_PREFILL = True
 
 
 def prefill_groups(ext: list[int], keys: list[int], heads: int, cap: int = 1 << 24) -> list[list[int]]:

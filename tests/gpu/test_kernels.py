@@ -339,6 +339,30 @@ def test_attention_with_lse(dtype, causal):
     assert rel(o2, o1) < TOL[dtype] and rel(l2, l1) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_varlen(dtype, causal):
+    """Packed sequences (new tokens over cached prefixes of other lengths, one of a single token, one longer than a
+    query block) in one launch: each sequence's rows as its own attention_with_lse gives them."""
+    from kestrel.ops.mla import reference as R, triton as K
+    H, DK, DV = (2, 24, 16) if SMALL else (16, 192, 128)
+    ext, pre = ([5, 1, 19, 3], [0, 7, 4, 30]) if SMALL else ([64, 1, 200, 37], [0, 500, 64, 1000])
+    cu_q, cu_k = [0], [0]
+    for e, p in zip(ext, pre):
+        cu_q.append(cu_q[-1] + e)
+        cu_k.append(cu_k[-1] + e + p)
+    q = rnd(cu_q[-1], H, DK, dtype=dtype)
+    kv = rnd(cu_k[-1], H, DK + DV, dtype=dtype)
+    k, v = kv[..., :DK], kv[..., DK:]
+    o1, l1 = R.attention_varlen_with_lse(q, k, v, DK**-0.5, cu_q, cu_k, pre, causal)
+    o2, l2 = K.attention_varlen_with_lse(q, k, v, DK**-0.5, cu_q, cu_k, pre, causal)
+    assert rel(o2, o1) < TOL[dtype] and rel(l2, l1) < TOL[dtype]
+    i = 2  # the reference is the per-sequence op
+    o3, _ = R.attention_with_lse(q[cu_q[i] : cu_q[i + 1]], k[cu_k[i] : cu_k[i + 1]], v[cu_k[i] : cu_k[i + 1]],
+                                 DK**-0.5, pre[i], causal)
+    assert torch.equal(o1[cu_q[i] : cu_q[i + 1]], o3)
+
+
 def test_route():
     from kestrel.ops.moe import reference as R, triton as K
     T, E, k = (5, 16, 4) if SMALL else (300, 128, 8)

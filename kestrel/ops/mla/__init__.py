@@ -12,6 +12,13 @@ def attention(q, k, v, scale: float, q_offset: int):
     return fn(q, k, v, scale, q_offset)
 
 
+def attention_varlen(q, k, v, scale: float, cu_q: list[int], cu_k: list[int], q_offsets: list[int]):
+    """Causal attention of packed sequences' new tokens over their keys, one launch on a GPU: see
+    reference.attention_varlen_with_lse."""
+    fn = kernel(__name__ + ".triton", "attention_varlen_with_lse", q) or reference.attention_varlen_with_lse
+    return fn(q, k, v, scale, cu_q, cu_k, q_offsets)
+
+
 def decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank: int, scale: float):
     """Absorbed-form decode over the paged latent cache, one query token per sequence.
 

@@ -55,6 +55,18 @@ def attention_with_lse(q, k, v, scale: float, q_offset: int, causal: bool = True
     return out.to(q.dtype), lse.transpose(0, 1)
 
 
+def attention_varlen_with_lse(q, k, v, scale: float, cu_q: list[int], cu_k: list[int], q_offsets: list[int],
+                              causal: bool = True):
+    """attention_with_lse of packed sequences: sequence i's queries are rows cu_q[i]..cu_q[i + 1] of q [T, H, Dk]
+    at positions q_offsets[i].., its keys rows cu_k[i]..cu_k[i + 1] of k and v at positions 0... Returns out
+    [T, H, Dv] and lse [T, H]."""
+    parts = [attention_with_lse(q[a:b], k[c:d], v[c:d], scale, off, causal)
+             for a, b, c, d, off in zip(cu_q, cu_q[1:], cu_k, cu_k[1:], q_offsets)]
+    if not parts:
+        return q.new_empty(0, q.shape[1], v.shape[-1]), q.new_empty(0, q.shape[1], dtype=torch.float32)
+    return torch.cat([o for o, _ in parts]), torch.cat([l for _, l in parts])
+
+
 def attention_padded(q, k, v, scale: float, q_offsets: torch.Tensor):
     """attention_with_lse for n sequences padded into one block: q [n, Lq, H, Dk] at positions q_offsets[i]..,
     k [n, S, H, Dk], v [n, S, H, Dv], causal. A sequence's own query rows see only its keys (none lies past its

@@ -139,8 +139,37 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, Tq, S, H, DK, DV, q_of
                      sq_t, sq_h, sk_t, sk_h, sv_t, sv_h,
                      CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
                      PREC: tl.constexpr):
-    mb = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
+    _attn_block(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, tl.program_id(0), tl.program_id(1).to(tl.int64), Tq, S, H, DK,
+                DV, q_offset, scale, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, CAUSAL, BM, BN, BD, BDV, PREC)
+
+
+@triton.jit
+def _attn_varlen_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, blocks_ptr, cuq_ptr, cuk_ptr, off_ptr, H, DK, DV, scale,
+                        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h,
+                        CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+                        BDV: tl.constexpr, PREC: tl.constexpr):
+    """Packed sequences: program (b, h) takes query block b of the block table (its sequence i and block index
+    within it, blocks_ptr[2 b], [2 b + 1]); sequence i's queries are rows cuq[i]..cuq[i + 1] of q, its keys rows
+    cuk[i]..cuk[i + 1] of k and v, its first query at position off[i]."""
+    pid = tl.program_id(0)
+    i = tl.load(blocks_ptr + 2 * pid)
+    mb = tl.load(blocks_ptr + 2 * pid + 1)
+    q0 = tl.load(cuq_ptr + i).to(tl.int64)
+    k0 = tl.load(cuk_ptr + i).to(tl.int64)
+    Tq = tl.load(cuq_ptr + i + 1) - q0
+    S = tl.load(cuk_ptr + i + 1) - k0
+    _attn_block(q_ptr + q0 * sq_t, k_ptr + k0 * sk_t, v_ptr + k0 * sv_t, o_ptr + q0 * H * DV, lse_ptr + q0 * H, mb,
+                tl.program_id(1).to(tl.int64), Tq, S, H, DK, DV, tl.load(off_ptr + i), scale, sq_t, sq_h, sk_t, sk_h,
+                sv_t, sv_h, CAUSAL, BM, BN, BD, BDV, PREC)
+
+
+@triton.jit
+def _attn_block(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, mb, h, Tq, S, H, DK, DV, q_offset, scale,
+                sq_t, sq_h, sk_t, sk_h, sv_t, sv_h,
+                CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+                PREC: tl.constexpr):
+    """Query block mb of one sequence, head h: online softmax over its keys (causal: up to the block's last
+    position); writes out [Tq, H, DV] and lse [Tq, H] rows."""
     rm = mb * BM + tl.arange(0, BM)
     rn = tl.arange(0, BN)
     rd = tl.arange(0, BD)
@@ -181,6 +210,15 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, Tq, S, H, DK, DV, q_of
     tl.store(lse_ptr + rm.to(tl.int64) * H + h, m + tl.log(l), mask=qm)
 
 
+def _attn_config(DK: int, DV: int, Tq: int, dtype) -> dict:
+    """Tiles and precision of the prefill attention kernels for head widths DK / DV and (longest) Tq queries."""
+    BD, BDV = max(16, triton.next_power_of_2(DK)), max(16, triton.next_power_of_2(DV))
+    BM = 64 if Tq > 32 else 16
+    fp32 = dtype == torch.float32
+    return dict(BM=BM, BN=32 if BD >= 256 or fp32 else 64, BD=BD, BDV=BDV, PREC="ieee" if fp32 else "tf32",
+                num_warps=8 if BM == 64 else 4, num_stages=2)
+
+
 def attention_with_lse(q, k, v, scale: float, q_offset: int, causal: bool = True):
     """See reference.attention_with_lse: out [Tq, H, Dv] in q's dtype, lse [Tq, H] fp32."""
     if q.dtype == torch.float64:
@@ -193,16 +231,39 @@ def attention_with_lse(q, k, v, scale: float, q_offset: int, causal: bool = True
     lse = torch.empty(Tq, H, dtype=torch.float32, device=q.device)
     if Tq == 0:
         return out, lse
-    BD, BDV = max(16, triton.next_power_of_2(DK)), max(16, triton.next_power_of_2(DV))
-    BM = 64 if Tq > 32 else 16
-    BN = 32 if BD >= 256 else 64
-    fp32 = q.dtype == torch.float32
-    _attn_fwd_kernel[(triton.cdiv(Tq, BM), H)](
+    cfg = _attn_config(DK, DV, Tq, q.dtype)
+    _attn_fwd_kernel[(triton.cdiv(Tq, cfg["BM"]), H)](
         q, k, v, out, lse, Tq, S, H, DK, DV, int(q_offset), float(scale),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        CAUSAL=causal, BM=BM, BN=BN if not fp32 else 32, BD=BD, BDV=BDV, PREC="ieee" if fp32 else "tf32",
-        num_warps=8 if BM == 64 else 4, num_stages=2)
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), CAUSAL=causal, **cfg)
     return out.to(q.dtype), lse
+
+
+def attention_varlen_with_lse(q, k, v, scale: float, cu_q: list[int], cu_k: list[int], q_offsets: list[int],
+                              causal: bool = True):
+    """See reference.attention_varlen_with_lse: every sequence in one launch (a block table of (sequence, query
+    block) pairs), where a loop over attention_with_lse costs a launch, and the ops around it, per sequence."""
+    if q.dtype == torch.float64:
+        from kestrel.ops.mla.reference import attention_varlen_with_lse as ref
+        return ref(q, k, v, scale, cu_q, cu_k, q_offsets, causal)
+    T, H, DK = q.shape
+    DV = v.shape[-1]
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    out = torch.empty(T, H, DV, dtype=q.dtype, device=q.device)
+    lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
+    lens = [b - a for a, b in zip(cu_q, cu_q[1:])]
+    if T == 0:
+        return out, lse
+    cfg = _attn_config(DK, DV, max(lens), q.dtype)
+    BM = cfg["BM"]
+    blocks = [(i, mb) for i, L in enumerate(lens) for mb in range(triton.cdiv(L, BM))]
+    meta = torch.tensor([x for pair in blocks for x in pair] + list(cu_q) + list(cu_k) + list(q_offsets),
+                        dtype=torch.int32).to(q.device, non_blocking=True)
+    n, nb = len(lens), len(blocks)
+    cuq, cuk, off = meta[2 * nb : 2 * nb + n + 1], meta[2 * nb + n + 1 : 2 * nb + 2 * n + 2], meta[2 * nb + 2 * n + 2 :]
+    _attn_varlen_kernel[(nb, H)](
+        q, k, v, out, lse, meta, cuq, cuk, off, H, DK, DV, float(scale),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), CAUSAL=causal, **cfg)
+    return out, lse
 
 
 @triton.jit
