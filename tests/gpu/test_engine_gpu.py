@@ -29,6 +29,20 @@ def reference_greedy(model, prompt, n):
     return out, gaps
 
 
+def assert_greedy_matches_reference(model, prompts, outs, n: int, min_exact: int) -> None:
+    """Each output equals the reference's greedy continuation, or first differs where the reference's top two
+    logits are within 1e-3 (an fp32 tie the kernels may break otherwise); at least min_exact equal throughout."""
+    exact = 0
+    for p, o in zip(prompts, outs):
+        ref, gaps = reference_greedy(model, p, n)
+        if o["output_ids"] == ref:
+            exact += 1
+            continue
+        first = next(i for i, (a, b) in enumerate(zip(o["output_ids"], ref)) if a != b)
+        assert gaps[first] < 1e-3, f"diverged at token {first} where the reference margin is {gaps[first]}"
+    assert exact >= min_exact
+
+
 @pytest.mark.parametrize("overlap,unified,steps", [(True, False, 1), (False, False, 1), (True, True, 1),
                                                    (False, True, 1), (True, False, 4), (False, False, 4)])
 def test_engine_on_gpu_matches_the_reference_path(overlap, unified, steps):
@@ -41,16 +55,7 @@ def test_engine_on_gpu_matches_the_reference_path(overlap, unified, steps):
         assert engine.core.runner.graphs is not None
         outs = engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 24, "temperature": 0,
                                                                     "ignore_eos": True})
-        model = engine.core.model
-        exact = 0
-        for p, o in zip(prompts, outs):
-            ref, gaps = reference_greedy(model, p, 24)
-            if o["output_ids"] == ref:
-                exact += 1
-                continue
-            first = next(i for i, (a, b) in enumerate(zip(o["output_ids"], ref)) if a != b)
-            assert gaps[first] < 1e-3, f"diverged at token {first} where the reference margin is {gaps[first]}"
-        assert exact >= 14
+        assert_greedy_matches_reference(engine.core.model, prompts, outs, 24, 14)
 
 
 @pytest.mark.parametrize("overlap", [True, False])
@@ -257,13 +262,4 @@ def test_batched_prefill_over_cached_prefixes_matches_the_reference_path(monkeyp
         engine.generate(input_ids=[shared + [5]], sampling_params={**params, "max_new_tokens": 1})
         outs = engine.generate(input_ids=prompts, sampling_params=params)
         assert all(o["meta_info"]["cached_tokens"] > 0 for o in outs)
-        model = engine.core.model
-        exact = 0
-        for p, o in zip(prompts, outs):
-            ref, gaps = reference_greedy(model, p, 12)
-            if o["output_ids"] == ref:
-                exact += 1
-                continue
-            first = next(i for i, (a, b) in enumerate(zip(o["output_ids"], ref)) if a != b)
-            assert gaps[first] < 1e-3, f"diverged at token {first} where the reference margin is {gaps[first]}"
-        assert exact >= 5
+        assert_greedy_matches_reference(engine.core.model, prompts, outs, 12, 5)
