@@ -1,5 +1,7 @@
 """NoPE MLA: latent KV attention without rotary embedding, optional q LoRA and sigmoid output gate."""
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -151,22 +153,14 @@ class MLAMixer(nn.Module):
         """Every sequence's new tokens over its keys in one varlen attention launch (GPU): the keys of all
         sequences gathered back to back (from the cache through each page-table row, or this call's latents) and
         expanded by one kv_b_proj GEMM, where the per-sequence loop costs ~8 launches a sequence."""
-        H, n = self.num_heads, fb.batch_size
-        cu_k = [0]
-        for s in keys:
-            cu_k.append(cu_k[-1] + s)
-        if buf is None:
-            lat = latent  # no cache: the keys are this call's tokens, packed as the queries are
-        else:
-            dev, ps = q.device, buf.shape[1]
-            counts = torch.tensor(keys, device=dev)
-            seq = torch.repeat_interleave(torch.arange(n, device=dev), counts, output_size=cu_k[-1])
-            pos = torch.arange(cu_k[-1], device=dev) - torch.tensor(cu_k[:-1], device=dev)[seq]
-            lat = buf[fb.page_table[seq, pos // ps].long(), pos % ps].to(q.dtype)  # [sum keys, rank + rope]
+        H = self.num_heads
+        # no cache: the keys are this call's tokens, packed as the queries are
+        lat = latent if buf is None else mla_ops.gather_packed_latents(buf, fb.page_table, keys).to(q.dtype)
         S = lat.shape[0]
         kv = self.kv_b_proj(lat[:, : self.rank]).view(S, H, self.nope + self.v_dim)
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
         k = torch.cat([k_nope, lat[:, None, self.rank :].expand(S, H, self.rope)], dim=-1)
+        cu_k = list(itertools.accumulate(keys, initial=0))
         return mla_ops.attention_varlen(q, k, v, self.scale, fb.cu_seqlens, cu_k, fb.prefix_lens)[0]
 
     def _padded(self, q, latent, fb, group: list[int], keys: list[int], buf):

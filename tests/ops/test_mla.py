@@ -86,3 +86,13 @@ def test_paged_decode_ignores_garbage_past_the_end():
     out, lse = ref.mla_decode_paged(torch.randn(1, 2, 8, dtype=D64), torch.randn(1, 2, 2, dtype=D64), buf, table,
                                     torch.tensor([7]), 8, 0.3)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+
+
+def test_gather_packed_latents_is_each_rows_gather_back_to_back():
+    """The packed prefill's one-index gather (GPU MLA prefill) equals gather_latents of each page-table row in turn,
+    across page boundaries and for a row that takes no keys."""
+    buf = torch.randn(9, 4, 6, dtype=D64)
+    table = torch.tensor([[3, 0, 5], [7, 1, 2], [8, 6, 4]], dtype=torch.int32)
+    keys = [10, 0, 5]
+    want = torch.cat([ref.gather_latents(buf, table[i], n) for i, n in enumerate(keys)])
+    assert torch.equal(ref.gather_packed_latents(buf, table, keys), want)

@@ -3,7 +3,7 @@
 from kestrel.ops import kernel
 from kestrel.ops.mla import reference
 from kestrel.ops.mla.reference import (  # noqa: F401
-    attention_padded, gather_latents, latent_entries, merge_attention_states)
+    attention_padded, gather_latents, gather_packed_latents, latent_entries, merge_attention_states)
 
 
 def attention(q, k, v, scale: float, q_offset: int):

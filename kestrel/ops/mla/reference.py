@@ -6,6 +6,8 @@ The cache holds, per token and MLA layer, the normalised latent c = [c_kv (R) | 
 The log-sum-exp lets partial results over disjoint key sets be merged exactly (decode context parallelism).
 """
 
+import itertools
+
 import torch
 
 
@@ -36,6 +38,18 @@ def gather_latents(kv_cache: torch.Tensor, page_table_row: torch.Tensor, seq_len
     pos = torch.arange(seq_len, device=page_table_row.device)
     # (page, offset) indexing works on strided views (the unified pool) as well as on contiguous buffers
     return kv_cache[page_table_row[pos // page_size].long(), pos % page_size]
+
+
+def gather_packed_latents(kv_cache: torch.Tensor, page_table: torch.Tensor, keys: list[int]) -> torch.Tensor:
+    """gather_latents of every row of page_table ([N, max_pages]) for its first keys[i] positions, packed back to
+    back in one index: [sum(keys), D]."""
+    dev, page_size = page_table.device, kv_cache.shape[1]
+    total = sum(keys)
+    seq = torch.repeat_interleave(torch.arange(len(keys), device=dev), torch.tensor(keys, device=dev),
+                                  output_size=total)
+    starts = torch.tensor(list(itertools.accumulate(keys, initial=0))[:-1], device=dev)
+    pos = torch.arange(total, device=dev) - starts[seq]
+    return kv_cache[page_table[seq, pos // page_size].long(), pos % page_size]
 
 
 def attention_with_lse(q, k, v, scale: float, q_offset: int, causal: bool = True):

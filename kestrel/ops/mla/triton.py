@@ -259,9 +259,9 @@ def attention_varlen_with_lse(q, k, v, scale: float, cu_q: list[int], cu_k: list
     meta = torch.tensor([x for pair in blocks for x in pair] + list(cu_q) + list(cu_k) + list(q_offsets),
                         dtype=torch.int32).to(q.device, non_blocking=True)
     n, nb = len(lens), len(blocks)
-    cuq, cuk, off = meta[2 * nb : 2 * nb + n + 1], meta[2 * nb + n + 1 : 2 * nb + 2 * n + 2], meta[2 * nb + 2 * n + 2 :]
+    table, cuq, cuk, off = meta.split([2 * nb, n + 1, n + 1, n])
     _attn_varlen_kernel[(nb, H)](
-        q, k, v, out, lse, meta, cuq, cuk, off, H, DK, DV, float(scale),
+        q, k, v, out, lse, table, cuq, cuk, off, H, DK, DV, float(scale),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), CAUSAL=causal, **cfg)
     return out, lse
 
