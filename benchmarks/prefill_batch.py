@@ -2,9 +2,14 @@
 sequence at a time, in the same run, turn about.
 
     PYTHONPATH=. python benchmarks/prefill_batch.py [--model k3-mini] [--prompts 64] [--prompt-len 64] [--rounds 5]
+                                                   [--profile]
 
 Each round generates one token for every prompt (so the time is the batch's prefill, its first token's sampling
 and the engine's scheduling), once with packed attention and once without; prints the medians and their ratio.
+--profile then runs one more packed round under the torch profiler and prints its device time by kernel (with
+launches) against the round's wall time: whether the prefill waits on its kernels or on the host. --sync-debug runs
+one more packed round with torch's CUDA sync debug mode on and counts the synchronising operations by the source
+line that called them (each one stalls the host until the device has drained its queue).
 """
 
 import argparse
@@ -27,9 +32,14 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--profile", action="store_true", help="one more packed round under the profiler: kernel table")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--sync-debug", action="store_true", help="one more packed round: synchronising ops by caller")
+    ap.add_argument("--chunked-prefill-size", type=int, default=None)
     args = ap.parse_args()
+    extra = {} if args.chunked_prefill_size is None else {"chunked_prefill_size": args.chunked_prefill_size}
     engine = Engine(args.model, device="cuda", dtype=args.dtype, skip_tokenizer_init=True, disable_radix_cache=True,
-                    max_running_requests=args.prompts)
+                    max_running_requests=args.prompts, **extra)
     vocab = engine.core.model.cfg.vocab_size
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, vocab, (args.prompt_len,), generator=gen).tolist() for _ in range(args.prompts)]
@@ -63,7 +73,50 @@ def main() -> None:
               + ", ".join(f"{x * 1e3:.1f}" for x in times[packed]) + ")")
     print(f"   packed / per sequence: x{statistics.median(times[False]) / statistics.median(times[True]):.2f}; "
           f"first tokens equal for {same} of {args.prompts} prompts")
+    if args.profile:
+        profile_round(lambda: timed(True), args.top)
+    if args.sync_debug:
+        sync_round(lambda: timed(True), args.top)
     engine.shutdown()
+
+
+def sync_round(run, top: int) -> None:
+    """One round with torch.cuda's sync debug mode on: synchronising operations counted by their Python caller."""
+    import collections
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    where = collections.Counter(f"{os.path.relpath(w.filename)}:{w.lineno}" for w in caught
+                                if "synchroniz" in str(w.message))
+    print(f"   synchronising operations in one packed round: {sum(where.values())} at {len(where)} lines")
+    for line, n in where.most_common(top):
+        print(f"   {n:6d}x  {line}")
+
+
+def profile_round(run, top: int) -> None:
+    """One round under the torch profiler: device time by kernel name (launches, share) and the round's wall time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        wall = run()
+    kernels: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0:
+            k = kernels.setdefault(e.name, [0.0, 0])
+            k[0] += e.device_time_total
+            k[1] += 1
+    busy = sum(t for t, _ in kernels.values())
+    launches = sum(n for _, n in kernels.values())
+    print(f"   profiled packed round: wall {wall * 1e3:.2f} ms (profiler on), device busy {busy / 1e3:.2f} ms in "
+          f"{launches} kernels ({busy / 1e3 / (wall * 1e3):.0%} of the wall)")
+    for name, (t, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"   {t / 1e3:9.3f} ms {n:6d}x {t / busy:6.1%}  {name[:110]}")
 
 
 if __name__ == "__main__":
