@@ -10,6 +10,8 @@ from typing import Protocol
 
 import torch
 
+from kestrel.ops import host_ints
+
 
 class ForwardMode(enum.Enum):
     # one or more new tokens per sequence (prefill, chunked prefill, mixed prefill + decode); state committed
@@ -92,9 +94,9 @@ class ForwardBatch:
     def subset(self, rows: list[int]) -> tuple["ForwardBatch", torch.Tensor]:
         """The metadata of some rows as their own batch, and the indices of their tokens in this batch's packing."""
         cu = self.cu_seqlens
-        tok = torch.tensor([t for i in rows for t in range(cu[i], cu[i + 1])], dtype=torch.long,
-                           device=self.input_ids.device)
-        idx = torch.tensor(rows, dtype=torch.long, device=self.input_ids.device)
+        dev = self.input_ids.device
+        tok = host_ints([t for i in rows for t in range(cu[i], cu[i + 1])], dev)
+        idx = host_ints(rows, dev)
         mode = ForwardMode.DECODE if all(self.extend_lens[i] == 1 for i in rows) else self.mode
         sub = ForwardBatch(
             mode, self.input_ids[tok], self.positions[tok], [self.extend_lens[i] for i in rows],
@@ -111,7 +113,7 @@ class ForwardBatch:
         runners pass it), else built from the host list."""
         if self.seq_lens_t is not None:
             return self.seq_lens_t
-        return torch.tensor(self.seq_lens, device=self.input_ids.device)
+        return host_ints(self.seq_lens, self.input_ids.device)
 
     def verify_key_lens(self) -> torch.Tensor:
         """VERIFY: keys per token [T] on the device: key_lens_t, else built from the host lists (no padding unless
@@ -121,7 +123,7 @@ class ForwardBatch:
         L = self.extend_lens[0]
         lens = self.extend_lens if self.verify_lens_t is None else self.verify_lens_t.tolist()
         keys = [p + min(i, n - 1) + 1 for p, n in zip(self.prefix_lens, lens) for i in range(L)]
-        return torch.tensor(keys, dtype=torch.int32, device=self.input_ids.device)
+        return host_ints(keys, self.input_ids.device, torch.int32)
 
     @property
     def equal_lengths(self) -> bool:

@@ -7,6 +7,7 @@ from kestrel.models.config import K3Config
 from kestrel.models.forward_batch import ForwardBatch, ForwardMode
 from kestrel.models.layers.linear import FusedLinears, Linear, StackedLinears
 from kestrel.models.layers.norm import RMSNorm
+from kestrel.ops import host_ints
 from kestrel.ops import kda as kda_ops
 from kestrel.ops.linear import Prologue
 from kestrel.ops.norm import gated_rms_norm
@@ -143,7 +144,7 @@ class KDAMixer(nn.Module):
         conv_state, ssm = fb.mem.conv_state(self.layer_id), fb.mem.ssm_state(self.layer_id)
         slots = fb.state_slots
         cu = fb.cu_seqlens
-        has_state = torch.tensor(fb.prefix_lens, device=ssm.device) > 0
+        has_state = host_ints([p > 0 for p in fb.prefix_lens], ssm.device, torch.bool)
         # a sequence with nothing cached starts from zeros: its slot may hold anything (NaN in tests)
         tails = torch.where(has_state.view(-1, 1, 1), conv_state[slots], torch.zeros((), dtype=conv_state.dtype,
                                                                                      device=ssm.device))

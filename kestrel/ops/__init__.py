@@ -86,6 +86,15 @@ def pdl_args(t: torch.Tensor) -> dict:
     return {"PDL": on, "launch_pdl": on}
 
 
+def host_ints(values, device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A list of Python ints (or bools) as a tensor on `device`, without waiting for the device: `torch.tensor(values,
+    device=cuda)` copies and then synchronises the stream, so each call stalled the host until the queue drained
+    (133 such stalls in a k3-mini prefill of 64 prompts: `benchmarks/prefill_batch.py --sync-debug`). A non-blocking
+    copy from pageable memory is staged by the driver before it returns (as the model runner's `to_device`)."""
+    t = torch.tensor(values, dtype=dtype)
+    return t.to(device, non_blocking=True) if torch.device(device).type == "cuda" else t.to(device)
+
+
 def argmax(x: torch.Tensor) -> torch.Tensor:
     """torch.argmax(x, -1): the first index of each row's largest value (a NaN counts as largest), as int64 on x's
     device. CUDA rows go through a Triton kernel (ops/reduce_triton.py). fp32 / fp64 CPU tensors go through NumPy,

@@ -2,6 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kestrel.ops import host_ints
 from kestrel.ops.attn_res.reference import attn_res
 from kestrel.ops.mxfp4 import reference as mx
 from kestrel.ops.norm.reference import gated_rms_norm, rms_norm
@@ -153,3 +154,10 @@ def test_argmax_is_torch_argmax_with_ties_nans_and_infinities(dtype):
     # and on the fast path, fresh random rows
     y = torch.randn(64, 4096, generator=g, dtype=dtype)
     assert torch.equal(argmax(y), y.argmax(-1))
+
+
+def test_host_ints_equals_torch_tensor():
+    cases = (([3, -1, 7], torch.long), ([5, 0], torch.int32), ([True, False, True], torch.bool), ([], torch.long))
+    for values, dtype in cases:
+        t = host_ints(values, "cpu", dtype)
+        assert t.dtype == dtype and torch.equal(t, torch.tensor(values, dtype=dtype))

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kestrel.ops import host_ints
+
 
 def state_dtype_for(dtype: torch.dtype) -> torch.dtype:
     """The dtype of the recurrent state for a given activation dtype: fp32, or fp64 for fp64 inputs."""
@@ -284,9 +286,9 @@ class PackedConvWindows:
             # ... the first W - 1 tokens of the others again, through their own tail rows (the same sums in order)
             near = [(i, r) for i in range(1, N) for r in range(min(W - 1, cu[i + 1] - cu[i]))]
             if near:
-                idx = torch.tensor([cu[i] + r for i, r in near]
-                                   + [self._row(i, r - (W - 1) + j) for j in range(W) for i, r in near],
-                                   device=x.device).view(W + 1, len(near))
+                idx = host_ints([cu[i] + r for i, r in near]
+                                + [self._row(i, r - (W - 1) + j) for j in range(W) for i, r in near],
+                                x.device).view(W + 1, len(near))
                 fix = self.src.index_select(0, idx[1]) * w[0]
                 for j in range(1, W):
                     fix = fix + self.src.index_select(0, idx[1 + j]) * w[j]
@@ -304,7 +306,7 @@ class PackedConvWindows:
         """[len(seqs), W - 1, C]: the inputs at relative positions ends[k] - (W - 1) .. ends[k] - 1 of seqs[k]."""
         W = self.W
         idx = [self._row(i, e - (W - 1) + m) for i, e in zip(seqs, ends) for m in range(W - 1)]
-        return self.src[torch.tensor(idx, device=self.src.device)].view(len(seqs), W - 1, -1)
+        return self.src[host_ints(idx, self.src.device)].view(len(seqs), W - 1, -1)
 
 
 def slot_rows(slots: torch.Tensor):

@@ -10,6 +10,8 @@ import itertools
 
 import torch
 
+from kestrel.ops import host_ints
+
 
 def store_latent(kv_a: torch.Tensor, weight: torch.Tensor, eps: float, rank: int, kv_buffer: torch.Tensor,
                  loc: torch.Tensor) -> None:
@@ -45,9 +47,8 @@ def gather_packed_latents(kv_cache: torch.Tensor, page_table: torch.Tensor, keys
     back in one index: [sum(keys), D]."""
     dev, page_size = page_table.device, kv_cache.shape[1]
     total = sum(keys)
-    seq = torch.repeat_interleave(torch.arange(len(keys), device=dev), torch.tensor(keys, device=dev),
-                                  output_size=total)
-    starts = torch.tensor(list(itertools.accumulate(keys, initial=0))[:-1], device=dev)
+    seq = torch.repeat_interleave(torch.arange(len(keys), device=dev), host_ints(keys, dev), output_size=total)
+    starts = host_ints(list(itertools.accumulate(keys, initial=0))[:-1], dev)
     pos = torch.arange(total, device=dev) - starts[seq]
     return kv_cache[page_table[seq, pos // page_size].long(), pos % page_size]
 
