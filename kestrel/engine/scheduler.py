@@ -61,6 +61,7 @@ class Scheduler(VerifyScheduling):
                  context_len: int | None = None):
         self.args, self.runner, self.mm = args, runner, mm
         self.page_size = args.page_size
+        self.prefill_chunk = args.prefill_chunk_tokens  # prefill tokens a step (the device's default when unset)
         # admission cap; pools are sized for args.max_running_requests, so it may be lowered at run time (a benchmark
         # sweeping batch sizes on one engine), never raised above that
         self.max_running = args.max_running_requests
@@ -264,7 +265,7 @@ class Scheduler(VerifyScheduling):
     def _running_work(self) -> list[tuple[Req, int]]:
         """(request, tokens to feed) for running requests: decodes first, then prefill chunks in arrival order."""
         decode, prefill = [], []
-        budget = self.args.chunked_prefill_size
+        budget = self.prefill_chunk
         for r in sorted(self.running, key=lambda r: r.arrival):
             if r.finished:
                 continue
@@ -306,7 +307,7 @@ class Scheduler(VerifyScheduling):
         if not self.waiting or len(self.running) >= cap:
             return []  # (the common decode step: nothing to admit, no page sums to take)
         cache = self.mm.cache
-        budget = self.args.chunked_prefill_size - sum(n for r, n in work if r.remaining > 1)
+        budget = self.prefill_chunk - sum(n for r, n in work if r.remaining > 1)
         # pages the running work takes now, plus one step of decode headroom each
         reserve = sum(self.mm.pages_needed(r, n) for r, n in work) + sum(1 for r, n in work if r.remaining == 1)
         admitted = []
