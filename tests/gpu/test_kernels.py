@@ -460,6 +460,28 @@ def _experts(E, D, I, quant, dtype):
     return ew
 
 
+@pytest.mark.parametrize("BM", [16, 64])
+def test_moe_block_table_equals_the_torch_form(BM):
+    """The grouped path's pair table (sort, run search, one block-table launch) against its torch form, on fresh
+    routings: even, skewed onto a few experts, every pair on one expert, experts left empty, E not a power of 2."""
+    from kestrel.ops.moe import triton as K
+
+    g = torch.Generator().manual_seed(BM)
+    for E, T, k, skew in ((8, 40, 2, False), (128, 300, 8, False), (128, 300, 8, True), (6, 33, 3, True),
+                          (16, 50, 1, None)):
+        if skew is None:
+            ids = torch.full((T, k), 5, dtype=torch.long)
+        elif skew:
+            ids = torch.randint(0, 3, (T, k), generator=g) * (E // 3)
+        else:
+            ids = torch.rand(T, E, generator=g).argsort(-1)[:, :k]
+        ids = ids.to(DEV)
+        pairs, bexp = K._sort_pairs(ids, E, BM)
+        want_pairs, want_bexp = K._sort_pairs_reference(ids, E, BM)
+        assert torch.equal(bexp, want_bexp), (E, T, k, skew)
+        assert torch.equal(pairs, want_pairs), (E, T, k, skew)
+
+
 @pytest.mark.parametrize("dtype", DOT_DTYPES)
 @pytest.mark.parametrize("quant", [False, True])
 @pytest.mark.parametrize("kind", ["situ", "silu"])

@@ -381,18 +381,66 @@ def _weights(ew, name):
     return w, w
 
 
+@triton.jit
+def _block_table_kernel(keys_ptr, order_ptr, bounds_ptr, pairs_ptr, bexp_ptr, NP, E, EP: tl.constexpr,
+                        BM: tl.constexpr):
+    """Block b of the expert-sorted pair table: its expert (the number of experts whose BM-padded run ends at or
+    before the block) and its BM pair indices (order[] in that expert's run, NP past the run's end). bounds[e] is
+    where expert e's run starts among the sorted keys (E + 1 entries)."""
+    b = tl.program_id(0)
+    re = tl.arange(0, EP)
+    lo = tl.load(bounds_ptr + re, mask=re < E, other=0)
+    hi = tl.load(bounds_ptr + 1 + re, mask=re < E, other=0)
+    count = hi - lo
+    padded = (count + BM - 1) // BM * BM
+    pend = tl.cumsum(padded, 0)
+    start = b * BM
+    e = tl.sum((pend <= start).to(tl.int32), 0)  # (padding experts end at the last real one's end: counted too)
+    mine = re == e
+    pstart = tl.sum(tl.where(mine, pend - padded, 0), 0)
+    cstart = tl.sum(tl.where(mine, lo, 0), 0)
+    n = tl.sum(tl.where(mine, count, 0), 0)
+    rank = start + tl.arange(0, BM) - pstart
+    ok = (e < E) & (rank < n)
+    src = tl.load(order_ptr + cstart + rank, mask=ok, other=NP)
+    tl.store(pairs_ptr + start + tl.arange(0, BM), tl.where(ok, src, NP))
+    tl.store(bexp_ptr + b, tl.where(e < E, e, -1))
+
+
+_EXPERT_IDS: dict = {}  # (E, device) -> arange(E + 1): the run boundaries' search values
+
+
 def _sort_pairs(ids: torch.Tensor, E: int, BM: int):
-    """Pairs grouped by expert into BM-row blocks, all on the device with static sizes (graph-safe).
+    """Pairs grouped by expert into BM-row blocks, all on the device with static sizes (graph-safe): the expert ids
+    sorted (stable), each expert's run located by a search, then one launch builds the block table. The same
+    table as `_sort_pairs_reference` in a handful of launches instead of ~25.
 
     Returns pairs [NB * BM] (pair index, or NP for padding) and block_expert [NB] (-1 for unused blocks).
     """
     NP = ids.numel()
-    flat = ids.reshape(-1)
     NB = triton.cdiv(NP, BM) + E
     # expert ids as 16-bit keys: the device's radix sort then takes two passes of 8 bits, not eight (a k3-mini
     # prefill of 2048 tokens sorted 16K int64 keys in 8 launches a MoE layer); stable either way, so the same order
-    keys = flat.to(torch.int16) if E <= torch.iinfo(torch.int16).max else flat
-    order = torch.sort(keys, stable=True).indices
+    flat = ids.reshape(-1)
+    keys, order = torch.sort(flat.to(torch.int16) if E <= torch.iinfo(torch.int16).max else flat, stable=True)
+    key = (E, ids.device)
+    search = _EXPERT_IDS.get(key)
+    if search is None:
+        search = _EXPERT_IDS[key] = torch.arange(E + 1, dtype=keys.dtype, device=ids.device)
+    bounds = torch.searchsorted(keys, search)
+    pairs = torch.empty(NB * BM, dtype=torch.int64, device=ids.device)
+    bexp = torch.empty(NB, dtype=torch.int64, device=ids.device)
+    _block_table_kernel[(NB,)](keys, order, bounds, pairs, bexp, NP, E, EP=triton.next_power_of_2(E), BM=BM,
+                               num_warps=1 if BM <= 32 else 2)
+    return pairs, bexp
+
+
+def _sort_pairs_reference(ids: torch.Tensor, E: int, BM: int):
+    """_sort_pairs in torch ops (its oracle)."""
+    NP = ids.numel()
+    flat = ids.reshape(-1)
+    NB = triton.cdiv(NP, BM) + E
+    order = torch.sort(flat, stable=True).indices
     counts = torch.zeros(E, dtype=torch.int64, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + BM - 1) // BM * BM
     pend = torch.cumsum(padded, 0)
