@@ -9,7 +9,8 @@ and the engine's scheduling), once with packed attention and once without; print
 --profile then runs one more packed round under the torch profiler and prints its device time by kernel (with
 launches) against the round's wall time: whether the prefill waits on its kernels or on the host. --sync-debug runs
 one more packed round with torch's CUDA sync debug mode on and counts the synchronising operations by the source
-line that called them (each one stalls the host until the device has drained its queue).
+line that called them (each one stalls the host until the device has drained its queue). --ops lists the ATen ops
+of one more packed round that launched kernels, by op and innermost Kestrel call site, most frequent first.
 """
 
 import argparse
@@ -35,6 +36,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="one more packed round under the profiler: kernel table")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--sync-debug", action="store_true", help="one more packed round: synchronising ops by caller")
+    ap.add_argument("--ops", action="store_true", help="one more packed round: kernel-launching ops by call site")
     ap.add_argument("--chunked-prefill-size", type=int, default=None)
     args = ap.parse_args()
     extra = {} if args.chunked_prefill_size is None else {"chunked_prefill_size": args.chunked_prefill_size}
@@ -77,7 +79,31 @@ def main() -> None:
         profile_round(lambda: timed(True), args.top)
     if args.sync_debug:
         sync_round(lambda: timed(True), args.top)
+    if args.ops:
+        ops_round(lambda: timed(True), args.top)
     engine.shutdown()
+
+
+def ops_round(run, top: int) -> None:
+    """One round profiled with Python stacks: the ATen ops that launched kernels, counted by (op, innermost Kestrel
+    frame), with their kernels' names."""
+    import collections
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
+        run()
+    counts, kernels = collections.Counter(), {}
+    for e in prof.events():
+        if e.device_type.name != "CPU" or not e.kernels or not e.name.startswith("aten::"):
+            continue
+        own = [f for f in (e.stack or []) if f.startswith("kestrel/") or "/kestrel/" in f]
+        key = (e.name, "kestrel/" + own[0].split("kestrel/", 1)[-1] if own else "?")
+        counts[key] += 1
+        kernels[key] = sorted({k.name[:40] for k in e.kernels})
+    print(f"   kernel-launching ATen ops in one packed round: {sum(counts.values())} at {len(counts)} sites")
+    for (op, site), n in counts.most_common(top):
+        print(f"   {n:6d}x {op:<26} {site[:70]:<70} {' | '.join(kernels[(op, site)])[:60]}")
 
 
 def sync_round(run, top: int) -> None:
