@@ -62,12 +62,12 @@ def _noise(seed: int, step: int, n: int, device) -> torch.Tensor:
 def _apply_penalties(logits: torch.Tensor, st: SamplingState) -> torch.Tensor:
     p = st.params
     if p.repetition_penalty != 1:
-        seen = torch.tensor(sorted(set(st.prompt_ids) | set(st.counts)), dtype=torch.long, device=logits.device)
+        seen = ops.host_ints(sorted(set(st.prompt_ids) | set(st.counts)), logits.device)
         vals = logits[seen]
         logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
     if st.counts and (p.frequency_penalty or p.presence_penalty):
-        ids = torch.tensor(list(st.counts), dtype=torch.long, device=logits.device)
-        cnt = torch.tensor(list(st.counts.values()), dtype=logits.dtype, device=logits.device)
+        ids = ops.host_ints(list(st.counts), logits.device)
+        cnt = ops.host_ints(list(st.counts.values()), logits.device, logits.dtype)
         logits[ids] -= p.frequency_penalty * cnt + p.presence_penalty
     return logits
 

@@ -233,12 +233,12 @@ class SpecWorker(Planning):
             taken.append(ok)
             snaps[i] = snap if ok else None
         with record_function("spec.fold"):
-            commit_t = torch.tensor(commit, dtype=torch.int32, device=dev)
+            commit_t = ops.host_ints(commit, dev, torch.int32)
             if graphed and not any(snaps):
                 self.graphs.fold(commit_t)
             else:
                 self._fold(fb, fb.state_slots, commit_t, snaps)
-            rows = torch.tensor([i * L + commit[i] - 1 for i in range(B)], device=dev)
+            rows = ops.host_ints([i * L + commit[i] - 1 for i in range(B)], dev)
             feats = self.drafter.features_at(out.captured, rows)
             self._publish(ints, r.to_device([a.tokens[-1] for a in results]), commit_t, prefix)
         if windows is not None:  # the accepted drafts (the last token, the next step's x0, is appended then)
@@ -248,8 +248,8 @@ class SpecWorker(Planning):
                           spec_drafted=keep, spec_snapshots=taken)
         self._account(b, bucket, planning, prune, commit, t_start, t_verify)
         if b.want_logprobs or b.top_logprobs_num:
-            sel = torch.tensor([i * L + j for i, a in enumerate(results) for j in range(len(a.tokens))], device=dev)
-            toks = torch.tensor([t for a in results for t in a.tokens], device=dev)
+            sel = ops.host_ints([i * L + j for i, a in enumerate(results) for j in range(len(a.tokens))], dev)
+            toks = ops.host_ints([t for a in results for t in a.tokens], dev)
             lp, top = token_logprobs(out.logits[sel], toks, b.top_logprobs_num)
             lp = lp.tolist()
             top = None if top is None else [list(zip(i, v)) for i, v in zip(top[1].tolist(), top[0].tolist())]
