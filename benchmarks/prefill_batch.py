@@ -10,7 +10,8 @@ and the engine's scheduling), once with packed attention and once without; print
 launches) against the round's wall time: whether the prefill waits on its kernels or on the host. --sync-debug runs
 one more packed round with torch's CUDA sync debug mode on and counts the synchronising operations by the source
 line that called them (each one stalls the host until the device has drained its queue). --ops lists the ATen ops
-of one more packed round that launched kernels, by op and innermost Kestrel call site, most frequent first.
+of one more packed round that launched kernels, by op and innermost Kestrel call site, most frequent first (with
+--disable-overlap-schedule: the profiler records the Python stacks of the calling thread only).
 """
 
 import argparse
@@ -38,8 +39,12 @@ def main() -> None:
     ap.add_argument("--sync-debug", action="store_true", help="one more packed round: synchronising ops by caller")
     ap.add_argument("--ops", action="store_true", help="one more packed round: kernel-launching ops by call site")
     ap.add_argument("--chunked-prefill-size", type=int, default=None)
+    ap.add_argument("--disable-overlap-schedule", action="store_true",
+                    help="forwards on the calling thread (the profiler records Python stacks there: --ops)")
     args = ap.parse_args()
     extra = {} if args.chunked_prefill_size is None else {"chunked_prefill_size": args.chunked_prefill_size}
+    if args.disable_overlap_schedule:
+        extra["disable_overlap_schedule"] = True
     engine = Engine(args.model, device="cuda", dtype=args.dtype, skip_tokenizer_init=True, disable_radix_cache=True,
                     max_running_requests=args.prompts, **extra)
     vocab = engine.core.model.cfg.vocab_size
