@@ -407,7 +407,7 @@ def _block_table_kernel(keys_ptr, order_ptr, bounds_ptr, pairs_ptr, bexp_ptr, NP
     tl.store(bexp_ptr + b, tl.where(e < E, e, -1))
 
 
-_EXPERT_IDS: dict = {}  # (E, device) -> arange(E + 1): the run boundaries' search values
+_EXPERT_IDS: dict = {}  # (E, key dtype, device) -> arange(E + 1): the run boundaries' search values
 
 
 def _sort_pairs(ids: torch.Tensor, E: int, BM: int):
@@ -423,7 +423,7 @@ def _sort_pairs(ids: torch.Tensor, E: int, BM: int):
     # prefill of 2048 tokens sorted 16K int64 keys in 8 launches a MoE layer); stable either way, so the same order
     flat = ids.reshape(-1)
     keys, order = torch.sort(flat.to(torch.int16) if E <= torch.iinfo(torch.int16).max else flat, stable=True)
-    key = (E, ids.device)
+    key = (E, keys.dtype, ids.device)
     search = _EXPERT_IDS.get(key)
     if search is None:
         search = _EXPERT_IDS[key] = torch.arange(E + 1, dtype=keys.dtype, device=ids.device)
