@@ -2,7 +2,8 @@
 sequence at a time, in the same run, turn about.
 
     PYTHONPATH=. python benchmarks/prefill_batch.py [--model k3-mini] [--prompts 64] [--prompt-len 64] [--rounds 5]
-                                                   [--profile]
+                                                   [--profile] [--sync-debug] [--ops] [--top N]
+                                                   [--chunked-prefill-size N] [--disable-overlap-schedule]
 
 Each round generates one token for every prompt (so the time is the batch's prefill, its first token's sampling
 and the engine's scheduling), once with packed attention and once without; prints the medians and their ratio.
