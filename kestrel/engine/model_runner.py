@@ -140,11 +140,9 @@ class ModelRunner:
         return torch.cat([table, pad])
 
     def to_device(self, data, dtype=torch.long) -> torch.Tensor:
-        """Host data (a list or a CPU tensor) on the runner's device without waiting for the device. A
-        non-blocking copy from pageable memory is staged by the driver before the call returns, with no stream
-        synchronisation (pinning each copy's source cost more on the H200's host: `benchmarks/host_copies.py`)."""
-        t = data if isinstance(data, torch.Tensor) else int_tensor(data, dtype)
-        return t if self.device.type != "cuda" else t.to(self.device, non_blocking=True)
+        """Host data (a list or a CPU tensor) on the runner's device without waiting for the device
+        (`ops.host_ints`)."""
+        return ops.host_ints(data, self.device, dtype)
 
     @torch.inference_mode()
     def run(self, b: Batch) -> BatchResult:
