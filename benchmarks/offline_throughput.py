@@ -1,7 +1,7 @@
 """Offline throughput of the engine against a plain one-request-at-a-time generate loop, in one run.
 
     python benchmarks/offline_throughput.py [--models k3-tiny,k3-small] [--concurrency 1,8,64]
-                                            [--num-continuous-decode-steps 1,8] [--overlap on,off]
+                                            [--num-continuous-decode-steps 1,8] [--overlap on,off] [--dp-size 1,2]
 
 The loop is the same model and memory pools driven directly (prefill, then one decode forward per token, greedy),
 with no scheduler: at concurrency 1 the engine must be no slower (the scheduler costs ~nothing), at 64 it should
@@ -9,6 +9,10 @@ be >= 20x faster (batching). Each concurrency runs --repeats engine runs, each b
 is against their mean), and reports the medians. Output tokens per second; prompts are random token ids. Each
 side's wall time outside the model's forwards (`ForwardClock`) is reported per output token too: the host's own
 cost, which the forwards' drift between runs does not blur.
+
+--dp-size 2 runs the engine as two data-parallel replicas (core processes that split the torch threads), each
+with max_running_requests = concurrency / 2, so that the concurrency is the same; the loop stays one process with
+every thread. The forwards of replicas are not timed (their column reads "-").
 
 --matmul-bound profiles one more engine run at each concurrency and sums the self time of its matrix products
 (`aten::mm`, `bmm`, `addmm`, `baddbmm`, ...) per output token: the loop's time a token over it is the ratio the
@@ -102,6 +106,10 @@ def matmul_ms_per_token(engine: Engine, prompts, new_tokens: int) -> float:
     return sum(ops.get(k, 0.0) for k in MATMUL_OPS) / 1e3 / (len(prompts) * new_tokens)
 
 
+def _ms(x: float) -> str:
+    return "-" if x != x else f"{x:.3f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="k3-tiny,k3-small")
@@ -126,6 +134,8 @@ def main() -> None:
     ap.add_argument("--disable-host-malloc-tuning", action="store_true",
                     help="the engine leaves glibc's malloc thresholds as they are (the settings are process-wide: "
                          "compare the two in separate runs)")
+    ap.add_argument("--dp-size", default="1",
+                    help="comma-separated: one engine per value (data-parallel replicas), each run between loop runs")
     ap.add_argument("--matmul-bound", action="store_true",
                     help="also report the ratio the engine would reach if only its matrix products cost time")
     args = ap.parse_args()
@@ -144,14 +154,18 @@ def main() -> None:
 
         overlaps = (args.overlap or ("off" if args.disable_overlap_schedule else "on")).split(",")
         assert set(overlaps) <= {"on", "off"}, f"--overlap takes on and off, not {args.overlap}"
-        variants = [(int(s), o) for s in args.num_continuous_decode_steps.split(",") for o in overlaps]
+        variants = [(int(s), o, int(dp)) for s in args.num_continuous_decode_steps.split(",") for o in overlaps
+                    for dp in args.dp_size.split(",")]
         for c in map(int, args.concurrency.split(",")):
-            engines = [Engine(name, **engine_args, max_running_requests=c, num_continuous_decode_steps=s,
-                              disable_overlap_schedule=o == "off") for s, o in variants]
-            model = engines[0].core.model
+            engines = [Engine(name, **engine_args, max_running_requests=-(-c // dp), num_continuous_decode_steps=s,
+                              disable_overlap_schedule=o == "off", dp_size=dp) for s, o, dp in variants]
+            # the loop drives a one-process engine's model (its runner set the weights' layout and the heap)
+            own = next((e for e in engines if e.core is not None), None)
+            loop_engine = own or Engine(name, **engine_args, max_running_requests=c)
+            model = loop_engine.core.model
             vocab = model.cfg.vocab_size
-            clocks = [ForwardClock(engine.core.model) for engine in engines]
-            clock = clocks[0]  # (the loop drives the first engine's model)
+            clock = ForwardClock(model)
+            clocks = [clock if e is own else ForwardClock(e.core.model) if e.core else None for e in engines]
             for engine in engines:
                 engine_run(engine, prompts(2, vocab), 4)  # warm-up
             # loop, engine, loop, engine, ..., loop: each engine run against the mean of the loop runs either side
@@ -159,30 +173,38 @@ def main() -> None:
             loops = [clock.outside(plain_loop, model, prompts(args.loop_requests, vocab), args.new_tokens)]
             pairs = [[] for _ in engines]
             for _ in range(args.repeats):
-                for engine, own, kept in zip(engines, clocks, pairs):
-                    tps, host = own.outside(engine_run, engine, prompts(max(c * 2, args.loop_requests), vocab),
-                                            args.new_tokens)
+                for engine, timer, kept in zip(engines, clocks, pairs):
+                    batch = prompts(max(c * 2, args.loop_requests), vocab)
+                    if timer is None:
+                        tps, host = engine_run(engine, batch, args.new_tokens), float("nan")
+                    else:
+                        tps, host = timer.outside(engine_run, engine, batch, args.new_tokens)
                     loops.append(clock.outside(plain_loop, model, prompts(args.loop_requests, vocab),
                                                args.new_tokens))
                     loop, loop_host = ((a + b) / 2 for a, b in zip(loops[-2], loops[-1]))
                     kept.append((tps, loop, tps / loop, host * 1e3, loop_host * 1e3))
             if args.matmul_bound:
+                assert engines[0].core is not None, "--matmul-bound profiles a one-process engine (--dp-size 1 first)"
                 mm = matmul_ms_per_token(engines[0], prompts(max(c * 2, args.loop_requests), vocab), args.new_tokens)
                 loop_ms = 1e3 / statistics.mean(tps for tps, _ in loops)
                 bounds.append((name, c, mm, loop_ms))
                 print(f"{name:10s} concurrency {c:3d}: the engine's matrix products {mm:.3f} ms a token, the loop "
                       f"{loop_ms:.3f} ms a token: ceiling x{loop_ms / mm:.2f}", flush=True)
-            for engine, (s, o), kept in zip(engines, variants, pairs):
+            if own is None:
+                loop_engine.shutdown()
+            for engine, (s, o, dp), kept in zip(engines, variants, pairs):
                 engine.shutdown()
                 tps, loop, ratio, host, loop_host = (statistics.median(p[k] for p in kept) for k in range(5))
-                rows.append((name, c, s, o, tps, loop, ratio, host, loop_host))
-                print(f"{name:10s} concurrency {c:3d} decode steps/launch {s} overlap {o}: engine {tps:9.1f} tok/s"
-                      f"   loop {loop:8.1f} tok/s   x{ratio:6.2f}   (pairs: {', '.join(f'{p[2]:.2f}' for p in kept)}); "
-                      f"outside the forwards {host:.3f} against {loop_host:.3f} ms a token", flush=True)
-    print("\n| model | concurrency | decode steps a launch | overlap | engine tok/s | plain loop tok/s | ratio (median "
-          "of pairs) | ms a token outside the forwards, engine / loop |\n|---|---|---|---|---|---|---|---|")
-    for name, c, s, o, tps, loop, ratio, host, loop_host in rows:
-        print(f"| {name} | {c} | {s} | {o} | {tps:.1f} | {loop:.1f} | {ratio:.2f}x | {host:.3f} / {loop_host:.3f} |")
+                rows.append((name, c, s, o, dp, tps, loop, ratio, host, loop_host))
+                print(f"{name:10s} concurrency {c:3d} decode steps/launch {s} overlap {o} dp {dp}: engine {tps:9.1f} "
+                      f"tok/s   loop {loop:8.1f} tok/s   x{ratio:6.2f}   (pairs: "
+                      f"{', '.join(f'{p[2]:.2f}' for p in kept)}); outside the forwards {_ms(host)} against "
+                      f"{loop_host:.3f} ms a token", flush=True)
+    print("\n| model | concurrency | decode steps a launch | overlap | dp size | engine tok/s | plain loop tok/s | ratio "
+          "(median of pairs) | ms a token outside the forwards, engine / loop |\n|---|---|---|---|---|---|---|---|---|")
+    for name, c, s, o, dp, tps, loop, ratio, host, loop_host in rows:
+        print(f"| {name} | {c} | {s} | {o} | {dp} | {tps:.1f} | {loop:.1f} | {ratio:.2f}x | {_ms(host)} / "
+              f"{loop_host:.3f} |")
     if bounds:
         print("\n| model | concurrency | engine's matrix products, ms a token | loop, ms a token | ceiling ratio |"
               "\n|---|---|---|---|---|")

@@ -51,6 +51,13 @@ class ServerArgs:
                                              "n-1 steps, and tokens stream n at a time). Plain decoding only: a "
                                              "speculative engine chains verify steps with --speculative-launch-steps")
     schedule_policy: str = _f("fcfs", "admission order: fcfs (first come, first served)")
+    # data parallelism
+    dp_size: int = _f(1, "data-parallel replicas: each a core process with its own copy of the model, caches and "
+                         "scheduler (so limits such as --max-running-requests apply to each). On a CPU the replicas "
+                         "split the torch threads between them; on GPUs replica r runs on the r-th GPU from the one "
+                         "--device names")
+    load_balance_method: str = _f("round_robin", "how requests are spread over the --dp-size replicas: round_robin, "
+                                                 "or shortest_queue (the replica with the fewest unfinished requests)")
     # prefix cache
     disable_radix_cache: bool = _f(False, "turn the prefix cache off")
     state_track_interval: int = _f(256, "decode tokens between KDA state snapshots (a multiple of the grid)")
@@ -98,6 +105,9 @@ class ServerArgs:
         need("dtype", self.dtype in ("auto", "float32", "bfloat16", "float16", "float64"), "unknown dtype")
         need("device", self.device in ("auto", "cpu") or self.device.startswith("cuda"), "must be auto, cpu or cuda")
         need("schedule_policy", self.schedule_policy == "fcfs", "only fcfs is implemented")
+        need("dp_size", isinstance(self.dp_size, int) and self.dp_size >= 1, "must be an integer >= 1")
+        need("load_balance_method", self.load_balance_method in ("round_robin", "shortest_queue"),
+             "round_robin or shortest_queue")
         need("state_track_interval", self.state_track_interval >= 1, "must be >= 1")
         need("max_states_per_path", self.max_states_per_path >= 1, "must be >= 1")
         need("state_checkpoint_policy", self.state_checkpoint_policy in ("sparse", "every-chunk"),

@@ -37,7 +37,8 @@ def freeze_gc() -> None:
 
 
 class EngineCore:
-    def __init__(self, args: ServerArgs, model=None):
+    def __init__(self, args: ServerArgs, model=None, dp_rank: int = 0):
+        """dp_rank: this core's place among --dp-size replicas (each draws its own seeds for unseeded sampling)."""
         self.args = args
         torch.manual_seed(args.random_seed)
         owns_model = model is None  # a model handed in is the caller's: its storage layout is left alone
@@ -65,7 +66,7 @@ class EngineCore:
         self.eos_ids = set(self.cfg.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_ids.add(self.tokenizer.eos_token_id)
-        self._rng = random.Random(args.random_seed)
+        self._rng = random.Random(args.random_seed + (dp_rank << 32))
         self._arrival = 0
         # finished before reaching the scheduler (max_new_tokens = 0)
         self._finished: list[Req] = []
@@ -162,3 +163,19 @@ class EngineCore:
                        # accept length
                        spec_accept_length=(s.spec_accepted_tokens + s.spec_verify_steps) / max(s.spec_verify_steps, 1))
         return out
+
+
+def merge_metrics(snapshots: list[dict]) -> dict:
+    """One snapshot for data-parallel replicas (EngineCore.metrics of each): counts summed, ratios recomputed from
+    the sums."""
+    if len(snapshots) == 1:
+        return dict(snapshots[0])
+    ratios = {"kv_usage": ("kv_pages_used", "kv_pages_total"), "state_usage": ("state_slots_used", "state_slots_total")}
+    out = {k: (v if k == "page_size" else sum(s[k] for s in snapshots)) for k, v in snapshots[0].items()
+           if k not in ratios and k != "spec_accept_length"}
+    for k, (used, total) in ratios.items():
+        out[k] = out[used] / max(out[total], 1)
+    if "spec_accept_length" in snapshots[0]:
+        steps = out["spec_verify_steps_total"]
+        out["spec_accept_length"] = (out["spec_accepted_tokens_total"] + steps) / max(steps, 1)
+    return out

@@ -3,9 +3,15 @@
     with kestrel.Engine() as engine:                      # the bundled k3-small
         out = engine.generate("def fib(n):", {"max_new_tokens": 32, "temperature": 0})
         print(out["text"], out["meta_info"]["finish_reason"])
+
+With dp_size > 1 the engine runs its replicas as core processes, as the server does (`Replicas`).
 """
 
+import asyncio
+import multiprocessing
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 from kestrel.config import ServerArgs
@@ -60,8 +66,9 @@ class Engine:
         if model is not None:
             server_args["model_path"] = model
         self.server_args = ServerArgs.from_kwargs(**server_args)
-        self.core = EngineCore(self.server_args)
-        self.tokenizer = self.core.tokenizer
+        self.replicas = Replicas(self.server_args) if self.server_args.dp_size > 1 else None
+        self.core = None if self.replicas else EngineCore(self.server_args)
+        self.tokenizer = self.replicas.info["tokenizer"] if self.replicas else self.core.tokenizer
 
     # ---- the API
     def generate(self, prompt: str | list[str] | None = None, sampling_params: dict | list[dict] | None = None,
@@ -70,6 +77,8 @@ class Engine:
         """Returns one dict per request (a dict for a single prompt with n = 1, else a list); an iterator of
         cumulative output dicts with stream=True."""
         reqs, single = self._make_requests(prompt, sampling_params, input_ids, return_logprob, top_logprobs_num)
+        if self.replicas:
+            return self.replicas.generate(reqs, single, self.tokenizer, stream)
         for r in reqs:
             self.core.add_request(r)
         if stream:
@@ -79,7 +88,10 @@ class Engine:
         return outs[0] if single else outs
 
     def shutdown(self) -> None:
-        self.core.shutdown()
+        if self.replicas:
+            self.replicas.close()
+        else:
+            self.core.shutdown()
 
     def __enter__(self) -> "Engine":
         return self
@@ -88,7 +100,7 @@ class Engine:
         self.shutdown()
 
     def metrics(self) -> dict:
-        return self.core.metrics()
+        return self.replicas.metrics() if self.replicas else self.core.metrics()
 
     # ---- internals
     def _make_requests(self, prompt, sampling_params, input_ids, return_logprob, top_logprobs_num):
@@ -115,8 +127,11 @@ class Engine:
                 child = SamplingParams.from_dict({**(p or {}), "n": 1})
                 if sp.seed is not None:
                     child.seed = sp.seed + i
-                reqs.append(self.core.make_request(seq, child, return_logprob=return_logprob,
-                                                   top_logprobs_num=top_logprobs_num))
+                if self.replicas:  # a mirror: the replica that takes it validates it
+                    reqs.append(Req(uuid.uuid4().hex, list(seq), child, 0, 0, return_logprob, top_logprobs_num))
+                else:
+                    reqs.append(self.core.make_request(seq, child, return_logprob=return_logprob,
+                                                       top_logprobs_num=top_logprobs_num))
         return reqs, single and len(reqs) == 1
 
     def _run_until_done(self, reqs: list[Req]) -> None:
@@ -135,3 +150,75 @@ class Engine:
                     yield output_dict(r, self.tokenizer, index[r.rid])
                     if r.finished:
                         pending.discard(r.rid)
+
+
+class Replicas:
+    """dp_size > 1: the server's channel to its core processes (`EngineClient`, one process a replica), run on a
+    private event loop on a background thread and waited for from the caller's."""
+
+    def __init__(self, args: ServerArgs):
+        from kestrel.server.engine_client import EngineClient
+
+        if getattr(multiprocessing.current_process(), "_inheriting", False):  # (multiprocessing's own test)
+            # spawn re-runs the parent's main module in each replica: an unguarded script lands here
+            raise RuntimeError("an Engine with dp_size > 1 was created while a replica process imported the main "
+                               "module: create it under `if __name__ == \"__main__\":`")
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="kestrel-replicas", daemon=True)
+        self.thread.start()
+
+        async def make():  # the client's asyncio sockets belong to the loop that runs them
+            return EngineClient(args)
+
+        self.client = self._call(make())
+        try:
+            self.info = self._call(self.client.start())
+        except BaseException:
+            self.close()
+            raise
+
+    def _call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def generate(self, reqs: list[Req], single: bool, tokenizer, stream: bool):
+        from kestrel.server.engine_client import EngineDead
+
+        try:
+            group = self._call(self.client.submit(reqs, stream=stream))
+        except EngineDead as e:
+            raise RuntimeError(f"the engine's replicas are not running: {e}") from e
+        if stream:
+            return self._stream(group, reqs, tokenizer)
+        self._call(group.wait())
+        outs = [output_dict(r, tokenizer, i) for i, r in enumerate(reqs)]
+        return outs[0] if single else outs
+
+    def _stream(self, group, reqs: list[Req], tokenizer) -> Iterator[dict]:
+        seen = [(0, False)] * len(reqs)
+        changes = group.changes()
+
+        async def step():
+            return await changes.__anext__()
+
+        while True:
+            try:
+                self._call(step())
+            except StopAsyncIteration:
+                return
+            for i, r in enumerate(reqs):
+                now = (len(r.output_ids), r.finished)
+                if now != seen[i]:
+                    seen[i] = now
+                    yield output_dict(r, tokenizer, i)
+
+    def metrics(self) -> dict:
+        return self._call(self.client.core_metrics())
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        if getattr(self, "client", None) is not None:
+            self._call(self.client.shutdown())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()

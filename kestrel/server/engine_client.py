@@ -6,6 +6,7 @@ is busy pile up in the mirror, so a slow client gets several tokens per chunk in
 """
 
 import asyncio
+import functools
 import logging
 import multiprocessing
 import os
@@ -20,6 +21,7 @@ import zmq
 import zmq.asyncio
 
 from kestrel.config import ServerArgs
+from kestrel.engine.core import merge_metrics
 from kestrel.engine.request import Req
 from kestrel.engine.sampling_params import InvalidRequest
 from kestrel.server import engine_proc
@@ -42,6 +44,7 @@ class Track:
     req: Req
     group: "Group"
     last_token_at: float | None = None
+    rank: int = 0  # the data-parallel replica serving it
 
     @property
     def finished(self) -> bool:
@@ -86,22 +89,31 @@ class Group:
 
 
 class EngineClient:
+    """The channel to the engine core, or to --dp-size of them: one inbox each, one shared outbox. Each request
+    goes to one replica (--load-balance-method), which serves it to the end; metrics are summed over them."""
+
     def __init__(self, args: ServerArgs):
         self.args = args
+        n = args.dp_size
         # ipc sockets in a private directory (mkdtemp makes it 0700)
         self.sock_dir = tempfile.mkdtemp(prefix="kestrel-")
         self.ctx = zmq.asyncio.Context()
-        self.to_core = self.ctx.socket(zmq.PUSH)
+        self.to_cores = [self.ctx.socket(zmq.PUSH) for _ in range(n)]
         self.from_core = self.ctx.socket(zmq.PULL)
         # no high-water mark: a burst of requests queues for the core instead of failing (or blocking) the sender
-        for sock in (self.to_core, self.from_core):
+        for sock in (*self.to_cores, self.from_core):
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
-        self.to_core.bind(f"ipc://{self.sock_dir}/to_core")
+        for r, sock in enumerate(self.to_cores):
+            sock.bind(f"ipc://{self.sock_dir}/to_core{r}")
         self.from_core.bind(f"ipc://{self.sock_dir}/from_core")
-        self.proc = multiprocessing.get_context("spawn").Process(
-            target=engine_proc.run, name="kestrel-core", daemon=True,
-            args=(args, f"ipc://{self.sock_dir}/to_core", f"ipc://{self.sock_dir}/from_core", os.getpid()))
+        spawn = multiprocessing.get_context("spawn")
+        self.procs = [spawn.Process(target=engine_proc.run, name="kestrel-core" + (f"-{r}" if n > 1 else ""),
+                                    daemon=True, args=(args, f"ipc://{self.sock_dir}/to_core{r}",
+                                                       f"ipc://{self.sock_dir}/from_core", os.getpid(), r))
+                      for r in range(n)]
+        self.load = [0] * n  # unfinished requests per replica
+        self._next = 0  # round robin's next replica
         self.info: dict = {}
         self.metrics: ServerMetrics | None = None
         self.tracks: dict[str, Track] = {}
@@ -115,44 +127,65 @@ class EngineClient:
     async def start(self) -> dict:
         """Spawn the core and wait until it has loaded the model; returns its info (model name, context length,
         vocabulary size, tokenizer)."""
-        self.proc.start()
-        first = asyncio.ensure_future(self.from_core.recv())
-        while not (await asyncio.wait({first}, timeout=0.5))[0]:
-            if not self.proc.is_alive():
-                first.cancel()
-                raise RuntimeError(f"the engine core exited with code {self.proc.exitcode} while starting")
-        kind, payload = pickle.loads(first.result())
-        if kind == "failed":
-            self.proc.join(10)
-            raise RuntimeError(f"the engine core failed to start: {payload}")
-        self.info = payload
-        self.metrics = ServerMetrics(payload["model_name"])
+        for proc in self.procs:
+            proc.start()
+        infos: dict[int, dict] = {}
+        while len(infos) < len(self.procs):
+            first = asyncio.ensure_future(self.from_core.recv())
+            while not (await asyncio.wait({first}, timeout=0.5))[0]:
+                gone = next((p for p in self.procs if not p.is_alive()), None)
+                if gone is not None:
+                    first.cancel()
+                    self._stop_starting()
+                    raise RuntimeError(f"the engine core exited with code {gone.exitcode} while starting")
+            kind, payload = pickle.loads(first.result())
+            if kind == "failed":
+                self._stop_starting()
+                raise RuntimeError(f"the engine core failed to start: {payload}")
+            infos[payload["dp_rank"]] = payload
+        self.info = infos[0]
+        self.metrics = ServerMetrics(self.info["model_name"])
         self._recv_task = asyncio.create_task(self._receive())
-        asyncio.get_running_loop().add_reader(self.proc.sentinel, self._on_core_exit)
-        return payload
+        for proc in self.procs:
+            asyncio.get_running_loop().add_reader(proc.sentinel, functools.partial(self._on_core_exit, proc))
+        return self.info
+
+    def _stop_starting(self) -> None:
+        """A replica failed to start: the others go too."""
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join(10)
 
     @property
     def alive(self) -> bool:
-        return self.dead is None and self.proc.is_alive()
+        return self.dead is None and all(p.is_alive() for p in self.procs)
 
     async def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the core (it finishes its step, then exits), join it, close the sockets."""
-        if self.proc.pid is not None:
-            try:
-                asyncio.get_running_loop().remove_reader(self.proc.sentinel)
-            except (ValueError, OSError):
-                pass
+        for proc in self.procs:
+            if proc.pid is not None:
+                try:
+                    asyncio.get_running_loop().remove_reader(proc.sentinel)
+                except (ValueError, OSError):
+                    pass
         self.fail_all("the server is shutting down")
-        if self.proc.is_alive():
-            self._send(("shutdown",))
-            await asyncio.to_thread(self.proc.join, timeout)
-            if self.proc.is_alive():
+        live = [(r, p) for r, p in enumerate(self.procs) if p.is_alive()]
+        for r, _ in live:
+            try:
+                self._send(("shutdown",), r)
+            except EngineDead:
+                pass
+        for _, proc in live:  # each finishes its step, then exits
+            await asyncio.to_thread(proc.join, timeout)
+            if proc.is_alive():
                 log.warning("the engine core did not stop in %.0f s; terminating it", timeout)
-                self.proc.terminate()
-                await asyncio.to_thread(self.proc.join, 5)
+                proc.terminate()
+                await asyncio.to_thread(proc.join, 5)
         if self._recv_task is not None:
             self._recv_task.cancel()
-        self.to_core.close(linger=0)
+        for sock in self.to_cores:
+            sock.close(linger=0)
         self.from_core.close(linger=0)
         self.ctx.term()
         shutil.rmtree(self.sock_dir, ignore_errors=True)
@@ -167,11 +200,11 @@ class EngineClient:
             g.error = message
             g.wake.set()
 
-    def _on_core_exit(self) -> None:
-        asyncio.get_running_loop().remove_reader(self.proc.sentinel)
-        self.proc.join(1)
-        log.error("the engine core exited (code %s)", self.proc.exitcode)
-        self.fail_all(f"the engine core exited (code {self.proc.exitcode})")
+    def _on_core_exit(self, proc) -> None:
+        asyncio.get_running_loop().remove_reader(proc.sentinel)
+        proc.join(1)
+        log.error("the engine core %s exited (code %s)", proc.name, proc.exitcode)
+        self.fail_all(f"the engine core exited (code {proc.exitcode})")
 
     # ---- requests
     async def submit(self, reqs: list[Req], group_id: str | None = None, stream: bool = True) -> Group:
@@ -189,13 +222,16 @@ class EngineClient:
         futures = []
         self.groups[group.id] = group
         for r in reqs:
-            group.tracks.append(Track(r, group))
+            group.tracks.append(Track(r, group, rank=self._pick()))
             self.tracks[r.rid] = group.tracks[-1]
+            self.load[group.tracks[-1].rank] += 1
             self.acks[r.rid] = fut = loop.create_future()
             futures.append(fut)
         try:
-            for r in reqs:
-                self._send(("add", r.rid, r.prompt_ids, r.params, r.return_logprob, r.top_logprobs_num, stream))
+            for t in group.tracks:
+                r = t.req
+                self._send(("add", r.rid, r.prompt_ids, r.params, r.return_logprob, r.top_logprobs_num, stream),
+                           t.rank)
         except EngineDead as e:
             for r, fut in zip(reqs, futures):
                 if not fut.done():
@@ -209,17 +245,32 @@ class EngineClient:
                 if v is None:
                     self.abort(r.rid)
                 else:
-                    self.tracks.pop(r.rid, None)
+                    self._untrack(r.rid)
             self.groups.pop(group.id, None)
             if dead is not None:
                 raise dead
             raise InvalidRequest(refused)
         return group
 
+    def _pick(self) -> int:
+        """The replica for a new request."""
+        if self.args.load_balance_method == "shortest_queue":
+            return min(range(len(self.load)), key=self.load.__getitem__)
+        r, self._next = self._next, (self._next + 1) % len(self.procs)
+        return r
+
+    def _untrack(self, rid: str) -> Track | None:
+        track = self.tracks.pop(rid, None)
+        if track is not None:
+            self.load[track.rank] -= 1
+        return track
+
     def abort(self, rid: str) -> None:
         if self.alive:
+            track = self.tracks.get(rid)
             try:
-                self._send(("abort", rid))
+                for r in [track.rank] if track is not None else range(len(self.procs)):
+                    self._send(("abort", rid), r)
             except EngineDead:
                 pass  # the core is gone, and its requests with it
 
@@ -235,18 +286,23 @@ class EngineClient:
     async def core_metrics(self, timeout: float = 10.0) -> dict:
         if not self.alive:
             raise EngineDead(self.dead or "the engine core is not running")
-        token = uuid.uuid4().hex
-        self.metric_waiters[token] = fut = asyncio.get_running_loop().create_future()
-        self._send(("metrics", token))
+        tokens = [f"{uuid.uuid4().hex}.{r}" for r in range(len(self.procs))]
+        loop = asyncio.get_running_loop()
+        futures = []
+        for r, token in enumerate(tokens):
+            self.metric_waiters[token] = fut = loop.create_future()
+            futures.append(fut)
+            self._send(("metrics", token), r)
         try:
-            return await asyncio.wait_for(fut, timeout)
+            return merge_metrics(await asyncio.wait_for(asyncio.gather(*futures), timeout))
         finally:
-            self.metric_waiters.pop(token, None)
+            for token in tokens:
+                self.metric_waiters.pop(token, None)
 
-    def _send(self, msg: tuple) -> None:
+    def _send(self, msg: tuple, rank: int = 0) -> None:
         # NOBLOCK: with no high-water mark this never waits while the core is connected
         try:
-            sent = self.to_core.send(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL), zmq.NOBLOCK)
+            sent = self.to_cores[rank].send(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL), zmq.NOBLOCK)
         except zmq.Again as e:  # no core on the other end
             raise EngineDead("the engine core is not reachable") from e
         if isinstance(sent, asyncio.Future):
@@ -301,7 +357,7 @@ class EngineClient:
             if u.finish_reason is not None:
                 r.finish_reason, r.finished_at = u.finish_reason, now
                 self.metrics.on_finish(r, now)
-                del self.tracks[u.rid]
+                self._untrack(u.rid)
                 if track.group.finished:
                     self.groups.pop(track.group.id, None)
             track.group.wake.set()

@@ -48,12 +48,31 @@ def send(sock: zmq.Socket, msg: tuple) -> None:
     sock.send(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def run(args: ServerArgs, to_core: str, from_core: str, parent_pid: int) -> None:
-    """Process entry point (multiprocessing spawn)."""
+def place_replica(args: ServerArgs, rank: int, threads: int, gpus: int) -> tuple[ServerArgs, int]:
+    """(args, torch threads) for data-parallel replica `rank` of args.dp_size, on a host with `threads` torch
+    threads and `gpus` CUDA devices. On GPUs replica r takes the r-th device from the one --device names; on a CPU
+    the replicas split the threads (at least one each)."""
+    if args.dp_size == 1:
+        return args, threads
+    device = args.device
+    if device == "auto":
+        device = "cuda" if gpus else "cpu"
+    if device == "cpu":
+        return args.replace(device="cpu"), max(1, threads // args.dp_size)
+    base = int(device.partition(":")[2] or 0)
+    if base + args.dp_size > gpus:
+        raise ValueError(f"--dp-size {args.dp_size} from {device} needs GPUs {base}..{base + args.dp_size - 1}; "
+                         f"this host has {gpus}")
+    return args.replace(device=f"cuda:{base + rank}"), threads
+
+
+def run(args: ServerArgs, to_core: str, from_core: str, parent_pid: int, dp_rank: int = 0) -> None:
+    """Process entry point (multiprocessing spawn); dp_rank: which of --dp-size replicas this core is."""
     # Ctrl-C reaches the whole process group: the front end decides when the core stops
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s core: %(message)s")
+    name = f"core {dp_rank}" if args.dp_size > 1 else "core"
+    logging.basicConfig(level=args.log_level.upper(), format=f"%(asctime)s %(levelname)s {name}: %(message)s")
     ctx = zmq.Context()
     inbox, outbox = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     for sock in (inbox, outbox):
@@ -64,11 +83,19 @@ def run(args: ServerArgs, to_core: str, from_core: str, parent_pid: int) -> None
     outbox.connect(from_core)
     core = None
     try:
+        import torch
+
         from kestrel.engine.core import EngineCore
 
-        core = EngineCore(args)
+        if args.dp_size > 1:
+            gpus = torch.cuda.device_count() if args.device != "cpu" else 0
+            args, threads = place_replica(args, dp_rank, torch.get_num_threads(), gpus)
+            torch.set_num_threads(threads)
+            if args.resolved_device.type == "cuda":
+                torch.cuda.set_device(args.resolved_device)
+        core = EngineCore(args, dp_rank=dp_rank)
         info = {"model_name": core.model_name, "context_len": core.context_len, "vocab_size": core.cfg.vocab_size,
-                "tokenizer": core.tokenizer, "pid": os.getpid()}
+                "tokenizer": core.tokenizer, "pid": os.getpid(), "dp_rank": dp_rank}
         send(outbox, ("ready", info))
         CoreLoop(core, inbox, outbox, parent_pid).run()
     except SystemExit:
