@@ -11,8 +11,8 @@ side's wall time outside the model's forwards (`ForwardClock`) is reported per o
 cost, which the forwards' drift between runs does not blur.
 
 --dp-size 2 runs the engine as two data-parallel replicas (core processes that split the torch threads), each
-with max_running_requests = concurrency / 2, so that the concurrency is the same; the loop stays one process with
-every thread. The forwards of replicas are not timed (their column reads "-").
+with max_running_requests = concurrency / 2, so that the concurrency is the same (a size that does not divide the
+concurrency is skipped there); the loop stays one process with every thread. The forwards of replicas are not timed (their column reads "-").
 
 --matmul-bound profiles one more engine run at each concurrency and sums the self time of its matrix products
 (`aten::mm`, `bmm`, `addmm`, `baddbmm`, ...) per output token: the loop's time a token over it is the ratio the
@@ -157,8 +157,14 @@ def main() -> None:
         variants = [(int(s), o, int(dp)) for s in args.num_continuous_decode_steps.split(",") for o in overlaps
                     for dp in args.dp_size.split(",")]
         for c in map(int, args.concurrency.split(",")):
-            engines = [Engine(name, **engine_args, max_running_requests=-(-c // dp), num_continuous_decode_steps=s,
-                              disable_overlap_schedule=o == "off", dp_size=dp) for s, o, dp in variants]
+            # replicas of max_running_requests = c / dp each, so that the concurrency stays c
+            fits = [v for v in variants if c % v[2] == 0]
+            for s, o, dp in sorted(set(variants) - set(fits)):
+                print(f"{name} concurrency {c}: skipping dp size {dp}, which does not divide it", flush=True)
+            if not fits:
+                continue
+            engines = [Engine(name, **engine_args, max_running_requests=c // dp, num_continuous_decode_steps=s,
+                              disable_overlap_schedule=o == "off", dp_size=dp) for s, o, dp in fits]
             # the loop drives a one-process engine's model (its runner set the weights' layout and the heap)
             own = next((e for e in engines if e.core is not None), None)
             loop_engine = own or Engine(name, **engine_args, max_running_requests=c)
@@ -192,7 +198,7 @@ def main() -> None:
                       f"{loop_ms:.3f} ms a token: ceiling x{loop_ms / mm:.2f}", flush=True)
             if own is None:
                 loop_engine.shutdown()
-            for engine, (s, o, dp), kept in zip(engines, variants, pairs):
+            for engine, (s, o, dp), kept in zip(engines, fits, pairs):
                 engine.shutdown()
                 tps, loop, ratio, host, loop_host = (statistics.median(p[k] for p in kept) for k in range(5))
                 rows.append((name, c, s, o, dp, tps, loop, ratio, host, loop_host))

@@ -115,6 +115,7 @@ class EngineClient:
         self.load = [0] * n  # unfinished requests per replica
         self._next = 0  # round robin's next replica
         self.info: dict = {}
+        self.replica_info: list[dict] = []
         self.metrics: ServerMetrics | None = None
         self.tracks: dict[str, Track] = {}
         self.groups: dict[str, Group] = {}
@@ -144,6 +145,10 @@ class EngineClient:
                 raise RuntimeError(f"the engine core failed to start: {payload}")
             infos[payload["dp_rank"]] = payload
         self.info = infos[0]
+        self.replica_info = [infos[r] for r in range(len(self.procs))]
+        if len(self.procs) > 1:
+            log.info("%d replicas: %s", len(self.procs), ", ".join(
+                f"{i['dp_rank']} on {i['device']} ({i['threads']} threads)" for i in self.replica_info))
         self.metrics = ServerMetrics(self.info["model_name"])
         self._recv_task = asyncio.create_task(self._receive())
         for proc in self.procs:

@@ -95,7 +95,8 @@ def run(args: ServerArgs, to_core: str, from_core: str, parent_pid: int, dp_rank
                 torch.cuda.set_device(args.resolved_device)
         core = EngineCore(args, dp_rank=dp_rank)
         info = {"model_name": core.model_name, "context_len": core.context_len, "vocab_size": core.cfg.vocab_size,
-                "tokenizer": core.tokenizer, "pid": os.getpid(), "dp_rank": dp_rank}
+                "tokenizer": core.tokenizer, "pid": os.getpid(), "dp_rank": dp_rank,
+                "device": str(core.runner.device), "threads": torch.get_num_threads()}
         send(outbox, ("ready", info))
         CoreLoop(core, inbox, outbox, parent_pid).run()
     except SystemExit:

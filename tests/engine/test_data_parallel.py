@@ -1,6 +1,8 @@
 """--dp-size: replicas as core processes behind the offline Engine (the server's channel, kestrel.server.engine_client),
 against the one-process engine on the same requests."""
 
+import os
+
 import pytest
 
 from kestrel import Engine
@@ -70,6 +72,10 @@ def test_two_replicas_give_the_one_process_engines_tokens(one_process, method):
     prompts = [[5 + i, 7, 9 + i, 11] * (i + 1) for i in range(6)]
     want = one_process.generate(input_ids=prompts, sampling_params=GREEDY, return_logprob=True)
     with Engine("k3-tiny", **TINY, dp_size=2, load_balance_method=method) as dp:
+        info = dp.replicas.client.replica_info
+        assert [i["dp_rank"] for i in info] == [0, 1] and {i["device"] for i in info} == {"cpu"}
+        if "OMP_NUM_THREADS" in os.environ:  # each replica gets its share of the threads
+            assert [i["threads"] for i in info] == [max(1, int(os.environ["OMP_NUM_THREADS"]) // 2)] * 2
         got = dp.generate(input_ids=prompts, sampling_params=GREEDY, return_logprob=True)
         assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
         for g, w in zip(got, want):
