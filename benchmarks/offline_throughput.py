@@ -173,7 +173,10 @@ def main() -> None:
             clock = ForwardClock(model)
             clocks = [clock if e is own else ForwardClock(e.core.model) if e.core else None for e in engines]
             for engine in engines:
-                engine_run(engine, prompts(2, vocab), 4)  # warm-up
+                # warm-up at the measured batch's shapes (c prompts: its prefill chunks, its decode batch), so that no
+                # side pays its first large allocations inside a measured run; the loop likewise below
+                engine_run(engine, prompts(c, vocab), 4)
+            plain_loop(model, prompts(1, vocab), 4)
             # loop, engine, loop, engine, ..., loop: each engine run against the mean of the loop runs either side
             # of it, so that a machine speeding up or slowing down over the run biases no ratio
             loops = [clock.outside(plain_loop, model, prompts(args.loop_requests, vocab), args.new_tokens)]

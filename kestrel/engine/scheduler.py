@@ -13,6 +13,7 @@ once, each step's tokens feeding the next on the device; a request that stops in
 
 import concurrent.futures
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -77,8 +78,11 @@ class Scheduler(VerifyScheduling):
         # start an OpenMP team of its own beside this thread's, and with more OpenMP threads than cores libgomp
         # throttles its spin-waits, so every parallel region of either team pays futex wake-ups (k3-small, two
         # threads: concurrency 64 at 675 against 1532 tok/s, a batch-1 generate loop in the same process at 33
-        # against 123 tok/s while the engine lived). There the overlapped batches run on this thread.
-        cpu_thread = args.overlap and runner.device.type != "cuda" and torch.get_num_threads() == 1
+        # against 123 tok/s while the engine lived). There the overlapped batches run on this thread. So the forward
+        # gets a thread only where every replica's two teams find cores of their own (one torch thread and one
+        # replica on two cores: yes; two threads, or two one-thread replicas, on two cores: no).
+        teams = 2 * torch.get_num_threads() * args.dp_size
+        cpu_thread = args.overlap and runner.device.type != "cuda" and teams <= len(os.sched_getaffinity(0))
         self.forward = ForwardThread(runner) if cpu_thread else None
         # on a CPU a one-request batch runs on this thread even with overlap on: the forward is mostly Python, so a
         # second thread only fights it for the GIL, and with one request there is almost nothing to overlap
