@@ -350,7 +350,7 @@ class EngineClient:
             if track is None:
                 continue
             r = track.req
-            r.cached_tokens = u.cached_tokens
+            r.cached_tokens, r.spec_verify_ct, r.spec_accepted = u.cached_tokens, u.spec_verify_ct, u.spec_accepted
             if u.new_ids:
                 self.metrics.on_tokens(r, track.last_token_at, now, len(u.new_ids))
                 track.last_token_at = now

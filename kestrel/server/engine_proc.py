@@ -42,6 +42,8 @@ class Update(NamedTuple):
     new_top_logprobs: list[list[tuple[int, float]]]
     finish_reason: dict | None
     cached_tokens: int
+    spec_verify_ct: int = 0  # speculative verify steps and accepted draft tokens so far (meta_info)
+    spec_accepted: int = 0
 
 
 def send(sock: zmq.Socket, msg: tuple) -> None:
@@ -206,7 +208,7 @@ class CoreLoop:
             if not r.finished and k > 0 and (every == 0 or new < every):
                 continue
             updates.append(Update(r.rid, r.output_ids[k:], r.output_logprobs[k:], r.output_top_logprobs[k:],
-                                  r.finish_reason, r.cached_tokens))
+                                  r.finish_reason, r.cached_tokens, r.spec_verify_ct, r.spec_accepted))
             if r.finished:
                 del self.sent[r.rid], self.interval[r.rid]
             else:

@@ -537,3 +537,36 @@ def test_auto_launch_steps_only_below_batch_eight(tiny64, drafter_dir):
     assert all(steps == 1 for b, steps in seen if b > sched.AUTO_LAUNCH_MAX_BATCH)
     assert any(steps == 2 for b, steps in seen) and any(b > sched.AUTO_LAUNCH_MAX_BATCH for b, _ in seen)
     core.shutdown()
+
+
+def test_served_requests_report_their_verify_steps(tiny64, drafter_dir):
+    """The core process's updates carry spec_verify_ct and the accepted drafts to the front end's mirror, so that
+    a served response's meta_info reports them as the offline Engine's does."""
+    from kestrel.engine.engine import output_dict
+    from kestrel.engine.request import Req
+    from kestrel.server.engine_client import EngineClient, Group, Track
+    from kestrel.server.engine_proc import CoreLoop
+    from kestrel.server.metrics import ServerMetrics
+    from tests.server.test_engine_proc import Outbox, run
+
+    core = spec_core(tiny64, drafter_dir, speculative_num_draft_tokens=4)
+    out = Outbox()
+    loop = CoreLoop(core, None, out, parent_pid=0)
+    loop._on_add("r", [5, 6, 7, 8], SamplingParams.from_dict(G), False, 0, False)
+    last = run(loop, out)["r"][-1]
+    assert last.finish_reason is not None and last.spec_verify_ct > 0
+    assert 0 <= last.spec_accepted <= 4 * last.spec_verify_ct
+    client = EngineClient(core.args)
+    try:
+        mirror = Req("r", [5, 6, 7, 8], SamplingParams.from_dict(G), 0, 0)
+        client.metrics = ServerMetrics("m")
+        client.tracks["r"] = Track(mirror, Group("g", client, []))
+        client.load[0] += 1
+        client._apply([last._replace(new_ids=[1] * 12, new_logprobs=[0.0] * 12, new_top_logprobs=[[]] * 12)])
+        meta = output_dict(mirror, None)["meta_info"]
+        assert (meta["spec_verify_ct"], meta["spec_accepted_tokens"]) == (last.spec_verify_ct, last.spec_accepted)
+    finally:
+        for sock in (*client.to_cores, client.from_core):
+            sock.close(linger=0)
+        client.ctx.term()
+        core.shutdown()
