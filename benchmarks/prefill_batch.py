@@ -99,17 +99,21 @@ def ops_round(run, top: int) -> None:
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
         run()
-    counts, kernels = collections.Counter(), {}
+    counts, kernels, stacked = collections.Counter(), collections.defaultdict(collections.Counter), 0
     for e in prof.events():
         if e.device_type.name != "CPU" or not e.kernels or not e.name.startswith("aten::"):
             continue
+        stacked += bool(e.stack)
         own = [f for f in (e.stack or []) if f.startswith("kestrel/") or "/kestrel/" in f]
         key = (e.name, "kestrel/" + own[0].split("kestrel/", 1)[-1] if own else "?")
         counts[key] += 1
-        kernels[key] = sorted({k.name[:40] for k in e.kernels})
-    print(f"   kernel-launching ATen ops in one packed round: {sum(counts.values())} at {len(counts)} sites")
+        kernels[key].update(k.name[:32] for k in e.kernels)
+    print(f"   kernel-launching ATen ops in one packed round: {sum(counts.values())} at {len(counts)} sites"
+          + ("" if stacked else " (the profiler recorded no Python stacks: sites unknown)"))
     for (op, site), n in counts.most_common(top):
-        print(f"   {n:6d}x {op:<26} {site[:70]:<70} {' | '.join(kernels[(op, site)])[:60]}")
+        # each op's kernels by count (one op may launch several kinds: a copy_ is a cast, an H2D or a D2H copy)
+        ks = ", ".join(f"{c}x {k}" for k, c in kernels[(op, site)].most_common(2))
+        print(f"   {n:6d}x {op:<22} {site[:60]:<60} {ks[:80]}")
 
 
 def sync_round(run, top: int) -> None:
