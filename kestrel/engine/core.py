@@ -161,7 +161,7 @@ class EngineCore:
                        spec_accepted_tokens_total=s.spec_accepted_tokens,
                        # tokens per verify step since start (accepted drafts + the target's token): SGLang's
                        # accept length
-                       spec_accept_length=(s.spec_accepted_tokens + s.spec_verify_steps) / max(s.spec_verify_steps, 1))
+                       spec_accept_length=accept_length(s.spec_accepted_tokens, s.spec_verify_steps))
         return out
 
 
@@ -176,6 +176,10 @@ def merge_metrics(snapshots: list[dict]) -> dict:
     for k, (used, total) in ratios.items():
         out[k] = out[used] / max(out[total], 1)
     if "spec_accept_length" in snapshots[0]:
-        steps = out["spec_verify_steps_total"]
-        out["spec_accept_length"] = (out["spec_accepted_tokens_total"] + steps) / max(steps, 1)
+        out["spec_accept_length"] = accept_length(out["spec_accepted_tokens_total"], out["spec_verify_steps_total"])
     return out
+
+
+def accept_length(accepted: int, steps: int) -> float:
+    """Tokens per verify step: the accepted drafts plus each step's own token from the target."""
+    return (accepted + steps) / max(steps, 1)

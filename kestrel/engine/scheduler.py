@@ -82,7 +82,7 @@ class Scheduler(VerifyScheduling):
         # gets a thread only where every replica's two teams find cores of their own (one torch thread and one
         # replica on two cores: yes; two threads, or two one-thread replicas, on two cores: no).
         teams = 2 * torch.get_num_threads() * args.dp_size
-        cpu_thread = args.overlap and runner.device.type != "cuda" and teams <= len(os.sched_getaffinity(0))
+        cpu_thread = args.overlap and runner.device.type != "cuda" and teams <= _usable_cores()
         self.forward = ForwardThread(runner) if cpu_thread else None
         # on a CPU a one-request batch runs on this thread even with overlap on: the forward is mostly Python, so a
         # second thread only fights it for the GIL, and with one request there is almost nothing to overlap
@@ -501,3 +501,8 @@ class Scheduler(VerifyScheduling):
         self.tables.forget(r.rid)
         if self.spec:
             self.runner.spec.forget(r.rid)
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (its affinity where the platform reports one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
