@@ -1,0 +1,15 @@
+#!/bin/bash
+# 2026-12-07 05:16 session (issue 9): what a kernel boundary costs (benchmarks/persistent_chain.py, the never-run
+# device_run167.sh), then the k3-mini MoE block as one persistent kernel against the model's five PDL launches
+# (benchmarks/persistent_moe.py).
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+echo "== persistent chain ($(date +%T))"
+timeout 180 python3 benchmarks/persistent_chain.py --dims 512,1024,2048 --layers 96 --rows 4,8,16 2>&1 | tee $OUT/chain.log | grep -v Warning
+echo "rc=${PIPESTATUS[0]} ($(date +%T))"
+echo "== persistent MoE block ($(date +%T))"
+timeout 300 python3 benchmarks/persistent_moe.py --layers 23 2>&1 | tee $OUT/moe.log | grep -v Warning
+echo "rc=${PIPESTATUS[0]} ($(date +%T))"
+echo "== persistent MoE test ($(date +%T))"
+timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_persistent_moe.py 2>&1 | tail -5
+echo "== done ($(date +%T))"
