@@ -5,10 +5,10 @@
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 echo "== persistent chain ($(date +%T))"
-timeout 180 python3 benchmarks/persistent_chain.py --dims 512,1024,2048 --layers 96 --rows 4,8,16 2>&1 | tee $OUT/chain.log | grep -v Warning
+timeout 120 python3 benchmarks/persistent_chain.py --dims 1024,2048 --layers 96 --rows 4,16 2>&1 | tee $OUT/chain.log | grep -v Warning
 echo "rc=${PIPESTATUS[0]} ($(date +%T))"
 echo "== persistent MoE block ($(date +%T))"
-timeout 300 python3 benchmarks/persistent_moe.py --layers 23 2>&1 | tee $OUT/moe.log | grep -v Warning
+timeout 240 python3 benchmarks/persistent_moe.py --layers 23 2>&1 | tee $OUT/moe.log | grep -v Warning
 echo "rc=${PIPESTATUS[0]} ($(date +%T))"
 echo "== persistent MoE test ($(date +%T))"
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_persistent_moe.py 2>&1 | tail -5

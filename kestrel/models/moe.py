@@ -6,6 +6,7 @@ from torch import nn
 from kestrel.models.config import K3Config
 from kestrel.models.layers.linear import ExpertWeights, FusedLinears, Linear, linear_pair
 from kestrel.models.layers.norm import RMSNorm
+from kestrel import ops
 from kestrel.ops import linear as linear_ops
 from kestrel.ops import moe as moe_ops
 from kestrel.ops.moe import Activation
@@ -101,7 +102,27 @@ class MoE(nn.Module):
             self._fused = FusedLinears(self.routed_expert_down_proj, se.gate_proj, se.up_proj)
             se.fused_by_parent = True
 
+    def persistent_block(self, x: torch.Tensor):
+        """This block as one persistent launch (moe_ops.persistent_block) for inputs like x, built on first use and
+        kept while the fused front GEMM's buffer stays valid; None where that form does not serve it."""
+        fused = getattr(self, "_fused", None)
+        if fused is None or not fused.valid() or not hasattr(self, "routed_expert_norm"):
+            return None
+        key = (x.device, x.dtype, ops.pdl(x), moe_ops.PERSISTENT_WARPS, moe_ops.PERSISTENT_L2, fused.weight.data_ptr())
+        cached = getattr(self, "_persistent", None)
+        if cached is None or cached[0] != key:
+            se = self.shared_experts
+            block = moe_ops.persistent_block(self.gate.weight, self.gate.routing(), fused.weight, self.experts,
+                                             self.routed_expert_norm, self.routed_expert_up_proj.weight,
+                                             se.down_proj.weight, self.act, x)
+            cached = self._persistent = (key, block)
+        return cached[1]
+
     def forward(self, x: torch.Tensor, training: bool = False) -> torch.Tensor:
+        if moe_ops.PERSISTENT_BLOCK and not training and x.shape[0] == 1 and x.is_cuda:
+            block = self.persistent_block(x)
+            if block is not None:
+                return block(x, pdl=ops.pdl(x), warps=moe_ops.PERSISTENT_WARPS, l2=moe_ops.PERSISTENT_L2)
         fused = getattr(self, "_fused", None)
         fused = fused if fused is not None and fused.valid() else None
         latent, shared = hasattr(self, "routed_expert_up_proj"), hasattr(self, "shared_experts")
