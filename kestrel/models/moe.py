@@ -103,20 +103,24 @@ class MoE(nn.Module):
             se.fused_by_parent = True
 
     def persistent_block(self, x: torch.Tensor):
-        """This block as one persistent launch (moe_ops.persistent_block) for inputs like x, built on first use and
-        kept while the fused front GEMM's buffer stays valid; None where that form does not serve it."""
+        """This block as one persistent launch (moe_ops.persistent_block) for inputs like x, built on first use; None
+        where that form does not serve it. Every form built is kept (its scratch and counters with it): a CUDA graph
+        captured with one must find them alive, whatever forms were built since."""
         fused = getattr(self, "_fused", None)
         if fused is None or not fused.valid() or not hasattr(self, "routed_expert_norm"):
             return None
-        key = (x.device, x.dtype, ops.pdl(x), moe_ops.PERSISTENT_WARPS, moe_ops.PERSISTENT_L2, fused.weight.data_ptr())
-        cached = getattr(self, "_persistent", None)
-        if cached is None or cached[0] != key:
-            se = self.shared_experts
-            block = moe_ops.persistent_block(self.gate.weight, self.gate.routing(), fused.weight, self.experts,
-                                             self.routed_expert_norm, self.routed_expert_up_proj.weight,
-                                             se.down_proj.weight, self.act, x)
-            cached = self._persistent = (key, block)
-        return cached[1]
+        se, e = self.shared_experts, self.experts
+        weights = (self.gate.weight, fused.weight, self.routed_expert_norm.weight, self.routed_expert_up_proj.weight,
+                   se.down_proj.weight) + ((e.w1, e.w2, e.w3) if not e.quantized else ())
+        # (a weight re-homed since, by a loader or an adapter swap, keys a new block)
+        key = (x.device, x.dtype, ops.pdl(x), moe_ops.PERSISTENT_WARPS, moe_ops.PERSISTENT_L2,
+               tuple(w.data_ptr() for w in weights))
+        blocks = self.__dict__.setdefault("_persistent", {})
+        if key not in blocks:
+            blocks[key] = moe_ops.persistent_block(self.gate.weight, self.gate.routing(), fused.weight, e,
+                                                   self.routed_expert_norm, self.routed_expert_up_proj.weight,
+                                                   se.down_proj.weight, self.act, x)
+        return blocks[key]
 
     def forward(self, x: torch.Tensor, training: bool = False) -> torch.Tensor:
         if moe_ops.PERSISTENT_BLOCK and not training and x.shape[0] == 1 and x.is_cuda:
