@@ -232,6 +232,9 @@ class PersistentMoE:
     def __call__(self, x: torch.Tensor, stages: bool = False, pdl: bool = False, warps: int = 8,
                  l2: bool = False) -> torch.Tensor:
         """x [1, D] -> [1, D]. stages: five launches, one a stage (the interpreter's form); l2: see the kernel."""
+        assert x.shape == (1, self.D) and x.dtype == self.wf.dtype
+        if x.stride(-1) != 1:
+            x = x.contiguous()
         out = torch.empty_like(x)
         args, meta = self._launch_args(x, out)
         for stage in (range(5) if stages else (-1,)):
