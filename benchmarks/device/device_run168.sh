@@ -5,11 +5,11 @@
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 echo "== persistent MoE block ($(date +%T))"
-timeout 240 python3 benchmarks/persistent_moe.py --layers 23 2>&1 | tee $OUT/moe.log | grep -v Warning
+timeout 210 python3 benchmarks/persistent_moe.py --layers 23 --configs 1x:16,1x:16:l2 --rounds 3 2>&1 | tee $OUT/moe.log | grep -v Warning
 echo "rc=${PIPESTATUS[0]} ($(date +%T))"
 echo "== persistent MoE test ($(date +%T))"
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_persistent_moe.py 2>&1 | tail -5
+timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_persistent_moe.py 2>&1 | tail -5
 echo "== persistent chain ($(date +%T))"
-timeout 120 python3 benchmarks/persistent_chain.py --dims 1024,2048 --layers 96 --rows 4,16 2>&1 | tee $OUT/chain.log | grep -v Warning
+timeout 90 python3 benchmarks/persistent_chain.py --dims 1024,2048 --layers 96 --rows 4,16 2>&1 | tee $OUT/chain.log | grep -v Warning
 echo "rc=${PIPESTATUS[0]} ($(date +%T))"
 echo "== done ($(date +%T))"
