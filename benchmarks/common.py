@@ -78,6 +78,21 @@ def replay_ms(graph: "torch.cuda.CUDAGraph", replays: int = 200) -> float:
     return start.elapsed_time(end) / replays
 
 
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in fp32."""
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def pdl_device() -> tuple[torch.device, int, float]:
+    """The CUDA device with Kestrel's kernels launched under PDL (the decode graph's form): (device, SMs, copy
+    bandwidth in bytes/s measured now)."""
+    import kestrel.ops
+
+    kestrel.ops.PDL = True
+    dev = torch.device("cuda")
+    return dev, torch.cuda.get_device_properties(dev).multi_processor_count, copy_bandwidth()
+
+
 def copy_bandwidth(gib: float = 2.0) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
     n = int(gib * (1 << 30)) // 4

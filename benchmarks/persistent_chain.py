@@ -24,15 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from benchmarks.common import copy_bandwidth, replay_ms, stamp
-
-
-@triton.jit
-def _grid_wait(sync_ptr, target):
-    """Spin until the barrier counter reaches target (acquire: the writes released before it are visible)."""
-    c = tl.atomic_add(sync_ptr, 0, sem="acquire")
-    while c < target:
-        c = tl.atomic_add(sync_ptr, 0, sem="acquire")
+from benchmarks.common import pdl_device, rel_err, replay_ms, stamp
+from kestrel.ops.moe.persistent import _wait
 
 
 @triton.jit
@@ -47,7 +40,7 @@ def _chain_kernel(w_ptr, y_ptr, sync_ptr, L, N: tl.constexpr, BN: tl.constexpr):
         w = tl.load(w_ptr + i.to(tl.int64) * N * N + rows[:, None] * N + cols[None, :], mask=rows[:, None] < N,
                     other=0.0)
         if i > 0:
-            _grid_wait(sync_ptr, i * G)
+            _wait(sync_ptr, i * G)
         x = tl.load(y_ptr + i * N + cols, cache_modifier=".cg").to(tl.float32)
         acc = tl.sum(w.to(tl.float32) * x[None, :], 1)
         tl.store(y_ptr + (i + 1) * N + rows, acc.to(y_ptr.dtype.element_ty), mask=rows < N)
@@ -82,9 +75,6 @@ def reference_chain(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.stack(out)
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -94,12 +84,7 @@ def main():
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5, help="turn-about rounds (medians reported)")
     args = ap.parse_args()
-    import kestrel.ops
-
-    kestrel.ops.PDL = True
-    dev = torch.device("cuda")
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    bw = copy_bandwidth()
+    dev, sms, bw = pdl_device()
     print(f"{stamp()} {torch.cuda.get_device_name(dev)}, {sms} SMs, copy bandwidth {bw / 1e12:.2f} TB/s, "
           f"{args.layers} GEMVs a chain")
     rows = []

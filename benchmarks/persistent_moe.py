@@ -41,12 +41,9 @@ def block_of(moe, programs: int) -> PersistentMoE:
                          se.down_proj.weight, moe.act, programs)
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
 
 def main():
-    from benchmarks.common import copy_bandwidth, replay_ms, stamp
+    from benchmarks.common import pdl_device, rel_err, replay_ms, stamp
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="k3-mini")
@@ -57,12 +54,7 @@ def main():
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=5, help="turn-about rounds (medians reported)")
     args = ap.parse_args()
-    import kestrel.ops
-
-    kestrel.ops.PDL = True
-    dev = torch.device("cuda")
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    bw = copy_bandwidth()
+    dev, sms, bw = pdl_device()
     blocks = [k3_moe(args.preset, dev, torch.bfloat16, seed=i) for i in range(args.layers)]
     moe0 = blocks[0]
     nbytes = sum(p.numel() * p.element_size() for n, p in moe0.named_parameters() if "experts.w" not in n)

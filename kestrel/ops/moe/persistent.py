@@ -37,10 +37,11 @@ def _arrive(sync_ptr):
 
 
 @triton.jit
-def _wait(sync_ptr, G):
-    """Spin until all G programs have arrived (acquire: their released stores are visible after it)."""
+def _wait(sync_ptr, target):
+    """Spin until the counter reaches target, all programs' arrivals (acquire: the stores they released before it
+    are visible after it)."""
     c = tl.atomic_add(sync_ptr, 0, sem="acquire")
-    while c < G:
+    while c < target:
         c = tl.atomic_add(sync_ptr, 0, sem="acquire")
 
 
