@@ -91,14 +91,15 @@ def persistent_block(router_weight, routing, front_weight, experts_weights, norm
     does not serve it (not CUDA, routing groups, MXFP4 experts, or a device that cannot hold one program an SM)."""
     from kestrel.ops import pdl, use_triton
 
-    r = routing
-    if (not use_triton(x) or r.num_expert_group > r.topk_group or r.top_k & (r.top_k - 1) or r.correction_bias is None
-            or experts_weights.quantized or x.dtype == torch.float64):
+    e = experts_weights
+    if not use_triton(x) or e.quantized or routing.correction_bias is None:
         return None
     from kestrel.ops.moe.persistent import PersistentMoE
+    from kestrel.ops.moe.triton import route_row_serves
 
-    e = experts_weights
-    block = PersistentMoE(router_weight, r, front_weight, e.w1.data, e.w3.data, e.w2.data, norm.weight, norm.eps,
+    if not route_row_serves(routing, e.num_experts, x.dtype):
+        return None
+    block = PersistentMoE(router_weight, routing, front_weight, e.w1.data, e.w3.data, e.w2.data, norm.weight, norm.eps,
                           up_weight, shared_down_weight, act,
                           torch.cuda.get_device_properties(x.device).multi_processor_count)
     if block.resident(x, PERSISTENT_WARPS, pdl(x), PERSISTENT_L2) < block.G:

@@ -22,8 +22,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kestrel.ops.linear.triton import _input_row
-from kestrel.ops.moe.triton import _route_row
-from kestrel.ops.triton_utils import act as _act
+from kestrel.ops.moe.triton import _route_row, route_row_serves
+from kestrel.ops.triton_utils import act as _act, launch
 
 # the counters of one launch: one per barrier (arrivals may run ahead of another barrier's waits), and the exit count
 SYNC_WORDS = 5
@@ -182,7 +182,7 @@ class PersistentMoE:
         self.E, self.I, self.L = w1.shape
         self.D, self.S = shared_down_weight.shape
         r = routing
-        assert r.num_expert_group <= r.topk_group and r.top_k & (r.top_k - 1) == 0 and r.correction_bias is not None
+        assert route_row_serves(r, self.E, front_weight.dtype) and r.correction_bias is not None
         assert front_weight.shape == (self.L + 2 * self.S, self.D) and up_weight.shape == (self.D, self.L)
         assert all(t.is_contiguous() for t in (router_weight, front_weight, w1, w3, w2, up_weight, shared_down_weight))
         self.topk, self.renorm, self.scaling = r.top_k, bool(r.renormalize) and r.top_k > 1, float(r.scaling)
@@ -239,6 +239,6 @@ class PersistentMoE:
         out = torch.empty_like(x)
         args, meta = self._launch_args(x, out)
         for stage in (range(5) if stages else (-1,)):
-            _moe_block_kernel[(self.G,)](*args, **meta, STAGE=stage, PDL=pdl, L2=l2 and not stages, num_warps=warps,
-                                         launch_pdl=pdl)
+            launch(_moe_block_kernel, (self.G,), *args, **meta, STAGE=stage, PDL=pdl, L2=l2 and not stages,
+                   num_warps=warps, launch_pdl=pdl)
         return out
