@@ -199,13 +199,8 @@ def ladder(cfg, model, args, log, floor_s):
     paired = kept_stage("+ paired MoE tail", "CUDA graph, + MoE up and shared down projections as one GEMV", routed,
                         "paired tail vs two GEMVs")
     kda_triton.EARLY_STATE = True
-    early_kda = kept_stage("+ early KDA state", "CUDA graph, + KDA state and conv tail read before the wait", paired,
-                           "early KDA state vs waiting first")
-    if args.persistent_moe:  # (the stage being tried: kestrel.ops.moe.PERSISTENT_BLOCK, off by default)
-        moe_ops.PERSISTENT_BLOCK = True
-        kept_stage("+ persistent MoE", "CUDA graph, + each MoE block as one persistent launch", early_kda,
-                   "persistent MoE blocks vs five launches each")
-        moe_ops.PERSISTENT_BLOCK = False
+    kept_stage("+ early KDA state", "CUDA graph, + KDA state and conv tail read before the wait", paired,
+               "early KDA state vs waiting first")
     # (moe_ops.SHARED_STREAM, the shared experts on a second stream, serves 4-128 tokens: not batch 1)
     # (call 2 of the 2026-12-01 02:47 session, benchmarks/device/device_run56.sh, also timed the KDA gate's up
     # projection inside the prep kernel, 1.414 against 1.417 ms; the dense FFN's K = 8192 down projection loading whole tiles
@@ -236,17 +231,7 @@ def ladder(cfg, model, args, log, floor_s):
     t = back_to_back(lambda: last.run(fb), 50)
     log(f"last stage back to back (the engine's steady state): {t * 1e3:.3f} ms/step {1 / t:.1f} tok/s  "
         f"floor fraction {floor_s / t:.1%}")
-    tried = [k for k in ("+ early KDA state", "+ persistent MoE") if k in variants]
-    if len(tried) > 1:  # the stage being tried against the last, back to back, turn about
-        times = {k: [] for k in tried}
-        for _ in range(5):
-            for k in tried:
-                times[k].append(back_to_back(lambda: variants[k].run(fb), 50, rounds=1))
-        for k, ts in times.items():
-            m = statistics.median(ts)
-            log(f"back to back, turn about {k:<24} {m * 1e3:.3f} ms/step floor fraction {floor_s / m:.1%} "
-                f"(rounds {', '.join(f'{t * 1e3:.3f}' for t in ts)})")
-    for name in ("+ paired MoE tail", "+ early KDA state", "+ persistent MoE")[:len(tried) + 1]:
+    for name in ("+ paired MoE tail", "+ early KDA state"):
         graph_timeline(lambda: variants[name].run(fb), log, label=name, sequence=range(0, 72))
     variants.clear()  # the graphs go (their memory pools with them)
     if args.tile_sweep:
@@ -403,8 +388,6 @@ def main():
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--skip-pdl", action="store_true", help="no programmatic-dependent-launch stage")
-    ap.add_argument("--persistent-moe", action="store_true",
-                    help="one more stage: each MoE block as one persistent launch (kestrel.ops.moe.PERSISTENT_BLOCK)")
     ap.add_argument("--tile-sweep", action="store_true", help="time the final graph with other GEMV tiles")
     ap.add_argument("--skip-ladder", action="store_true",
                     help="no stages: only the sweep (and the HF baseline) with the engine's default kernels")

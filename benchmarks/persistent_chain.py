@@ -25,7 +25,14 @@ import triton
 import triton.language as tl
 
 from benchmarks.common import pdl_device, rel_err, replay_ms, stamp
-from kestrel.ops.moe.persistent import _wait
+
+
+@triton.jit
+def _wait(sync_ptr, target):
+    """Spin until the barrier counter reaches target (acquire: the writes released before it are visible)."""
+    c = tl.atomic_add(sync_ptr, 0, sem="acquire")
+    while c < target:
+        c = tl.atomic_add(sync_ptr, 0, sem="acquire")
 
 
 @triton.jit

@@ -1,4 +1,5 @@
 #!/bin/bash
+# Ran in the 2026-12-07 12:15 session on tree c2aba27 (H100); persistent_moe.py and its test were removed after (tree d977d36 has them).
 # 2026-12-07 05:16 session (issue 9): the k3-mini MoE block as one persistent kernel against the model's five PDL
 # launches (benchmarks/persistent_moe.py) and its GPU test, then what a kernel boundary costs
 # (benchmarks/persistent_chain.py, the never-run device_run167.sh).

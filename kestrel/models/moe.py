@@ -6,7 +6,6 @@ from torch import nn
 from kestrel.models.config import K3Config
 from kestrel.models.layers.linear import ExpertWeights, FusedLinears, Linear, linear_pair
 from kestrel.models.layers.norm import RMSNorm
-from kestrel import ops
 from kestrel.ops import linear as linear_ops
 from kestrel.ops import moe as moe_ops
 from kestrel.ops.moe import Activation
@@ -102,31 +101,7 @@ class MoE(nn.Module):
             self._fused = FusedLinears(self.routed_expert_down_proj, se.gate_proj, se.up_proj)
             se.fused_by_parent = True
 
-    def persistent_block(self, x: torch.Tensor):
-        """This block as one persistent launch (moe_ops.persistent_block) for inputs like x, built on first use; None
-        where that form does not serve it. Every form built is kept (its scratch and counters with it): a CUDA graph
-        captured with one must find them alive, whatever forms were built since."""
-        fused = getattr(self, "_fused", None)
-        if fused is None or not fused.valid() or not hasattr(self, "routed_expert_norm"):
-            return None
-        se, e = self.shared_experts, self.experts
-        weights = (self.gate.weight, fused.weight, self.routed_expert_norm.weight, self.routed_expert_up_proj.weight,
-                   se.down_proj.weight) + ((e.w1, e.w2, e.w3) if not e.quantized else ())
-        # (a weight re-homed since, by a loader or an adapter swap, keys a new block)
-        key = (x.device, x.dtype, ops.pdl(x), moe_ops.PERSISTENT_WARPS, moe_ops.PERSISTENT_L2,
-               tuple(w.data_ptr() for w in weights))
-        blocks = self.__dict__.setdefault("_persistent", {})
-        if key not in blocks:
-            blocks[key] = moe_ops.persistent_block(self.gate.weight, self.gate.routing(), fused.weight, e,
-                                                   self.routed_expert_norm, self.routed_expert_up_proj.weight,
-                                                   se.down_proj.weight, self.act, x)
-        return blocks[key]
-
     def forward(self, x: torch.Tensor, training: bool = False) -> torch.Tensor:
-        if moe_ops.PERSISTENT_BLOCK and not training and x.shape[0] == 1 and x.is_cuda:
-            block = self.persistent_block(x)
-            if block is not None:
-                return block(x, pdl=ops.pdl(x), warps=moe_ops.PERSISTENT_WARPS, l2=moe_ops.PERSISTENT_L2)
         fused = getattr(self, "_fused", None)
         fused = fused if fused is not None and fused.valid() else None
         latent, shared = hasattr(self, "routed_expert_up_proj"), hasattr(self, "shared_experts")

@@ -77,36 +77,6 @@ def experts_routed(x, experts_weights, logits, routing: Routing, act, ids_ready:
     return experts(x, experts_weights, weights, ids, act, False, late_trigger)
 
 
-# the whole latent MoE block of one token as one persistent launch (kestrel.ops.moe.persistent; CUDA, batch 1,
-# inference): one program an SM, PERSISTENT_WARPS warps each, the down and tail tiles asked into L2 early
-# (PERSISTENT_L2). Off until it measures faster than the five launches (benchmarks/persistent_moe.py)
-PERSISTENT_BLOCK = False
-PERSISTENT_WARPS = 16
-PERSISTENT_L2 = True
-
-
-def persistent_block(router_weight, routing, front_weight, experts_weights, norm, up_weight, shared_down_weight,
-                     act, x: torch.Tensor):
-    """A kestrel.ops.moe.persistent.PersistentMoE for this block on x's device, or None where the one-launch form
-    does not serve it (not CUDA, routing groups, MXFP4 experts, or a device that cannot hold one program an SM)."""
-    from kestrel.ops import pdl, use_triton
-
-    e = experts_weights
-    if not use_triton(x) or e.quantized or routing.correction_bias is None:
-        return None
-    from kestrel.ops.moe.persistent import PersistentMoE
-    from kestrel.ops.moe.triton import route_row_serves
-
-    if not route_row_serves(routing, e.num_experts, x.dtype):
-        return None
-    block = PersistentMoE(router_weight, routing, front_weight, e.w1.data, e.w3.data, e.w2.data, norm.weight, norm.eps,
-                          up_weight, shared_down_weight, act,
-                          torch.cuda.get_device_properties(x.device).multi_processor_count)
-    if block.resident(x, PERSISTENT_WARPS, pdl(x), PERSISTENT_L2) < block.G:
-        return None
-    return block
-
-
 # off: the shared experts run in line, on the routed experts' stream after them (the decode ladder runs them so)
 SHARED_STREAM = True
 # ... for batches of this many tokens: at one token the shared experts in line (their down projection paired with
