@@ -43,8 +43,8 @@ def chain(kind: str, inp: dict, ops) -> list[torch.Tensor]:
     settle(bank, partial, delta, key_norm, key_proj, eps, norm_weight, norm_eps, early) -> (new partial, normed))."""
     gemv, rms_norm, settle = ops
     x, out = inp["x"], []
+    early = kind == "gemv + settle"
     for w in inp["w"]:
-        early = kind == "gemv + settle"
         y = gemv(x, w, early)
         if kind == "gemv + rmsnorm":
             y = rms_norm(y, inp["norm_weight"], EPS)
@@ -92,11 +92,13 @@ def main():
               f"{args.links} links of D = {args.dim}")
     fast = kernel_ops()
     sides = {}
-    for nb in map(int, args.banks.split(",")):
+    banks = [int(b) for b in args.banks.split(",")]
+    for nb in banks:
         inp = make_inputs(args.dim, args.links, nb, dev)
         for kind in KINDS:
-            if kind.startswith("gemv + settle") or nb == int(args.banks.split(",")[0]):
-                name = f"{kind} ({nb} bank values)" if kind.startswith("gemv + settle") else kind
+            settle = kind.startswith("gemv + settle")
+            if settle or nb == banks[0]:  # (the chains without a settle once)
+                name = f"{kind} ({nb} bank values)" if settle else kind
                 got = chain(kind, inp, fast)
                 want = chain(kind, inp, reference_ops())
                 err = max(rel_err(a, b) for a, b in zip(got, want))

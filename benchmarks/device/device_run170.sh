@@ -1,8 +1,7 @@
 #!/bin/bash
 # 2026-12-07 12:15 session (issue 9; not run then, no machine): what one AttnRes settle costs on the chain against a
 # GEMV boundary and a one-CTA norm (benchmarks/settle_chain.py); the GPU suite on the tree that lands (the persistent
-# MoE block removed; routes_in_kernel asks route_row_serves); the engine's default batch-1 decode graph against this
-# card's bandwidth floor. About 5 minutes.
+# MoE block removed); the engine's default batch-1 decode graph against this card's bandwidth floor. About 5 minutes.
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 echo "== settle chain ($(date +%T))"

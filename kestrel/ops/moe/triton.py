@@ -463,18 +463,12 @@ def _sort_pairs_reference(ids: torch.Tensor, E: int, BM: int):
 ROUTE_IN_KERNEL_MAX_TOKENS = 1
 
 
-def route_row_serves(routing, num_experts: int, dtype: torch.dtype) -> bool:
-    """Whether _route_row chooses this routing's experts: no expert groups, a power-of-2 top_k of at most the
-    experts, not float64."""
-    k = routing.top_k
-    return (routing.num_expert_group <= routing.topk_group and not k & (k - 1) and dtype != torch.float64
-            and num_experts >= k)
-
-
 def routes_in_kernel(logits, routing) -> bool:
     """Whether moe_experts_routed's expert GEMVs choose the experts themselves (see _route_row)."""
-    return (logits.shape[0] <= ROUTE_IN_KERNEL_MAX_TOKENS and logits.shape[0] * routing.top_k <= GEMV_MAX_PAIRS
-            and route_row_serves(routing, logits.shape[-1], logits.dtype))
+    k = routing.top_k
+    return (logits.shape[0] <= ROUTE_IN_KERNEL_MAX_TOKENS and logits.shape[0] * k <= GEMV_MAX_PAIRS
+            and routing.num_expert_group <= routing.topk_group and not k & (k - 1)
+            and logits.dtype != torch.float64 and logits.shape[-1] >= k)
 
 
 def moe_experts_routed(x, experts_weights, logits, routing, act, ids_ready: bool = False,
