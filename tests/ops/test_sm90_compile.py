@@ -83,3 +83,31 @@ def test_kernel_tests_compile_for_sm90():
     assert re.fullmatch(r"\d+ passed in .*", summary) and int(summary.split()[0]) >= len(SUBSET), r.stdout[-2000:]
     compiled = re.search(r"sm_90 compiles: (\d+) specialisations of (\d+) kernels", r.stdout)
     assert compiled and int(compiled.group(2)) >= 25, r.stdout[-2000:]  # the hook ran: 37 kernels in the subset
+
+
+SETTLE_IR = """
+import torch
+from tests.gpu import sm90
+compiled = []
+real = sm90.compile
+sm90.compile = lambda *a, **k: compiled.append(real(*a, **k)) or compiled[-1]
+sm90.install()
+from kestrel.ops.attn_res import triton as K
+D, g = 2048, torch.Generator().manual_seed(0)
+r = lambda *s: torch.randn(*s, generator=g).to(torch.bfloat16)
+K.attn_res_settle([r(1, D) for _ in range(6)], r(1, D), r(1, D), r(D), r(D), 1e-6, r(D), 1e-6, early=True)
+for k in compiled:
+    print("convert_layout", k.asm["ttgir"].count("convert_layout"), "bar.sync", k.asm["ptx"].count("bar.sync"))
+"""
+
+
+def test_the_settle_compiles_without_layout_conversions():
+    """The AttnRes settle keeps every vector in its [values, D] tile's layout: a layout conversion is a round trip
+    through shared memory, one per bank value when the values were 1-D, and the settle of 6 values cost 2 us more
+    a decode step's link that way (docs/kernels.md, 2026-12-07 14:30). k3-mini's shape, compiled for sm_90 with PDL
+    off and on."""
+    r = subprocess.run([sys.executable, "-c", SETTLE_IR], env=ENV, cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    counts = [line.split() for line in r.stdout.splitlines() if line.startswith("convert_layout")]
+    assert len(counts) == 2 and all(c[1] == "0" for c in counts), r.stdout

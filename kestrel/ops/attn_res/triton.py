@@ -24,19 +24,22 @@ def _attn_res_kernel(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, out_ptr, nw_pt
         if not EARLY:
             gdc_wait()
     row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK)
+    # every vector is a [1, BLOCK] row in the [NPAD, BLOCK] tile's layout: the values go into the tile and the
+    # aggregate comes out of it with no layout conversion. With 1-D vectors each value in and the aggregate out was a
+    # round trip through shared memory (3 after the wait, 1 more a bank value), and a settle of 6 bank values added
+    # 3.98 us to a GEMV chain's link against 1.97 this way (benchmarks/settle_chain.py, docs/kernels.md 2026-12-07)
+    offs = tl.arange(0, BLOCK)[None, :]
     mask = offs < D
     idx = tl.arange(0, NPAD)[:, None]
     tile = tl.zeros([NPAD, BLOCK], tl.float32)
     for i in tl.static_range(NB):
-        v = tl.load(bank[i] + row * D + offs, mask=mask, other=0.0).to(tl.float32)
-        tile = tl.where(idx == i, v[None, :], tile)
+        tile = tl.where(idx == i, tl.load(bank[i] + row * D + offs, mask=mask, other=0.0).to(tl.float32), tile)
     w = tl.load(w_ptr + offs, mask=mask, other=0.0)
     if HAS_W2:  # the site vector norm_weight * proj_weight, rounded to the weights' dtype as torch would
         w = (w.to(tl.float32) * tl.load(w2_ptr + offs, mask=mask, other=0.0).to(tl.float32)).to(w_ptr.dtype.element_ty)
     w = w.to(tl.float32)
     # logit_i = <RMSNorm(v_i), w>: the row's rsqrt factors out of the dot product (the bank's rows first)
-    logit = tl.sum(tile * w[None, :], 1) / tl.sqrt(tl.sum(tile * tile, 1) / D + eps)
+    logit = tl.sum(tile * w, 1, keep_dims=True) / tl.sqrt(tl.sum(tile * tile, 1, keep_dims=True) / D + eps)
     # the last value: the partial sum, with the pending sublayer output added in the stream's dtype (torch's add)
     if HAS_P:
         x = tl.load(p_ptr + row * D + offs, mask=mask, other=0.0)
@@ -51,18 +54,17 @@ def _attn_res_kernel(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, out_ptr, nw_pt
             gdc_wait()
         x = tl.load(d_ptr + row * D + offs, mask=mask, other=0.0)
     xf = x.to(tl.float32)
-    tile = tl.where(idx == NB, xf[None, :], tile)
-    lx = tl.sum(xf * w, 0) / tl.sqrt(tl.sum(xf * xf, 0) / D + eps)
-    rn = tl.arange(0, NPAD)
-    logit = tl.where(rn == NB, lx, tl.where(rn < NB, logit, -float("inf")))
-    p = tl.exp(logit - tl.max(logit, 0))
-    y = tl.sum(tile * p[:, None], 0) / tl.sum(p, 0)
+    tile = tl.where(idx == NB, xf, tile)
+    lx = tl.sum(xf * w, 1, keep_dims=True) / tl.sqrt(tl.sum(xf * xf, 1, keep_dims=True) / D + eps)  # [1, 1]
+    logit = tl.where(idx == NB, lx, tl.where(idx < NB, logit, -float("inf")))  # [NPAD, 1]
+    p = tl.exp(logit - tl.max(logit, 0, keep_dims=True))
+    y = tl.sum(tile * p, 0, keep_dims=True) / tl.sum(p, 0, keep_dims=True)
     y_out = y.to(pout_ptr.dtype.element_ty)  # the aggregate in the stream's dtype (the norm reads it rounded)
     if HAS_OUT:
         tl.store(out_ptr + row * D + offs, y_out, mask=mask)
     if HAS_NORM:
         yf = y_out.to(tl.float32)
-        r = 1.0 / tl.sqrt(tl.sum(yf * yf, 0) / D + norm_eps)
+        r = 1.0 / tl.sqrt(tl.sum(yf * yf, 1, keep_dims=True) / D + norm_eps)
         z = (yf * r).to(y_out.dtype).to(tl.float32) * tl.load(nw_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(norm_ptr + row * D + offs, z.to(norm_ptr.dtype.element_ty), mask=mask)
 
