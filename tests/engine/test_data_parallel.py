@@ -82,10 +82,12 @@ def test_two_replicas_give_the_one_process_engines_tokens(one_process, method):
             assert g["meta_info"]["finish_reason"] == w["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
             lp = [[x[0] for x in o["meta_info"]["output_token_logprobs"]] for o in (g, w)]
             assert lp[0] == pytest.approx(lp[1], abs=1e-9)
-        # streamed: cumulative, ending where the whole response ends
+        # streamed: cumulative, growing, ending where the whole response ends (tokens that arrive together while
+        # the consumer is busy come in one chunk: a loaded machine gives fewer than one chunk a token)
         chunks = list(dp.generate(input_ids=prompts[2], sampling_params=GREEDY, stream=True))
-        assert len(chunks) == 6 and chunks[-1]["output_ids"] == want[2]["output_ids"]
-        assert [len(c["output_ids"]) for c in chunks] == [1, 2, 3, 4, 5, 6]
+        lens = [len(c["output_ids"]) for c in chunks]
+        assert len(chunks) > 1 and lens == sorted(set(lens)) and chunks[-1]["output_ids"] == want[2]["output_ids"]
+        assert all(c["output_ids"] == want[2]["output_ids"][: len(c["output_ids"])] for c in chunks)
         # a bad request is refused by the replica that got it, by name, and both keep serving
         with pytest.raises(InvalidRequest, match="token id 99999 is outside the vocabulary"):
             dp.generate(input_ids=[[5, 6], [5, 99999]], sampling_params=GREEDY)
