@@ -78,8 +78,10 @@ def _beta(shape, logits: bool, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
 @pytest.mark.parametrize("logits", [False, True])
-def test_kda_decode(dtype, lower_bound, logits):
-    from kestrel.ops.kda import reference as R, triton as K
+@pytest.mark.parametrize("channels_first", [False, True])
+def test_kda_decode(dtype, lower_bound, logits, channels_first, monkeypatch):
+    from kestrel.ops.kda import reference as R, triton as K, triton_conv
+    monkeypatch.setattr(triton_conv, "CHANNELS_FIRST", channels_first)
     B, H, Kd, W, S = (3, 2, 16, 4, 6) if SMALL else (33, 16, 128, 4, 40)
     mixed, cw = rnd(B, 3 * H * Kd, dtype=dtype), rnd(3 * H * Kd, W, dtype=dtype, scale=0.5)
     conv, ssm = rnd(S, W - 1, 3 * H * Kd, dtype=dtype), rnd(S, H, Kd, Kd)
@@ -94,15 +96,17 @@ def test_kda_decode(dtype, lower_bound, logits):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
 @pytest.mark.parametrize("logits", [False, True])
-@pytest.mark.parametrize("prefetch,tail_in_recur", [(False, True), (True, True), (True, False)])
-def test_kda_verify_and_fold(dtype, lower_bound, logits, prefetch, tail_in_recur, monkeypatch):
+@pytest.mark.parametrize("prefetch,tail_in_recur,channels_first", [(False, True, False), (True, True, False),
+                                                                    (True, False, False), (True, True, True)])
+def test_kda_verify_and_fold(dtype, lower_bound, logits, prefetch, tail_in_recur, channels_first, monkeypatch):
     """The Triton verify against the reference verify; the Triton fold against the reference fold; and ReplaySSM's
     invariant on the kernels themselves: verify + fold of any accepted prefix leaves the conv tail and the state
     bit-identical to decoding those tokens one by one with the decode kernel (snapshots inside the window too).
     The recurrence over a block's steps as a loop, and unrolled with each step's inputs loaded a step ahead (with
     the block's rows strided, as columns of a wider projection output, which the verify reads in place); the steps
     past a block's length output zeros. The fold's conv tails in the recurrence's launch and in their own."""
-    from kestrel.ops.kda import reference as R, triton as K
+    from kestrel.ops.kda import reference as R, triton as K, triton_conv
+    monkeypatch.setattr(triton_conv, "CHANNELS_FIRST", channels_first)
     monkeypatch.setattr(K, "RECUR_PREFETCH", prefetch)
     monkeypatch.setattr(K, "FOLD_TAIL_IN_RECUR", tail_in_recur)
     monkeypatch.setattr(K, "RECUR_PREFETCH_MAX_K", 1 << 20)
@@ -160,6 +164,32 @@ def test_kda_verify_and_fold(dtype, lower_bound, logits, prefetch, tail_in_recur
                 assert torch.equal(s_k[snaps[i][1]], s_d[slots[i]]) and torch.equal(c_k[snaps[i][1]], c_d[slots[i]])
     assert torch.equal(c_k[slots], c_d[slots]), ("conv tails", rel(c_k[slots], c_d[slots]))
     assert torch.equal(s_k[slots], s_d[slots]), ("states", rel(s_k[slots], s_d[slots]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("W", [2, 4])
+@pytest.mark.parametrize("L", [1, 5])
+def test_kda_prep_channels_first_equals_taps_first(dtype, W, L, monkeypatch):
+    """The prep kernel's two forms (triton_conv.CHANNELS_FIRST): the conv tails, v, the gates and beta bit-equal
+    (the same roundings in the same order), q and k within rounding (their L2 norms' reductions may differ)."""
+    from kestrel.ops.kda import triton_conv
+    B, H, Kd, S = (3, 2, 16, 6) if SMALL else (5, 16, 128, 12)
+    C = 3 * H * Kd
+    x = rnd(B, L, C + 8, dtype=dtype)[..., 8:]  # rows strided, as the fused projection's columns
+    cw, conv = rnd(C, W, dtype=dtype, scale=0.5), rnd(S, W - 1, C, dtype=dtype)
+    slots = torch.randperm(S - 1, device=DEV)[:B] + 1
+    raw, A, dtb, blog = rnd(B, L, H, Kd, dtype=dtype), rnd(H), rnd(H * Kd), rnd(B * L, H, dtype=dtype)
+    out = {}
+    for cf in (False, True):
+        monkeypatch.setattr(triton_conv, "CHANNELS_FIRST", cf)
+        c = conv.clone()
+        out[cf] = (c, *triton_conv.launch_prep(x, cw, c, slots, raw, A, dtb, -5.0, Kd**-0.5, H, Kd, Kd,
+                                               write_tail=L == 1, beta_logits=blog))
+    (c0, q0, k0, v0, g0, b0), (c1, q1, k1, v1, g1, b1) = out[False], out[True]
+    assert torch.equal(c0, c1) and torch.equal(v0, v1) and torch.equal(g0, g1) and torch.equal(b0, b1)
+    assert rel(q1, q0) < TOL[dtype] and rel(k1, k0) < TOL[dtype]
+    if L == 1:
+        assert not torch.equal(c0, conv)  # the tail moved
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
