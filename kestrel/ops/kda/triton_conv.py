@@ -152,6 +152,22 @@ def _store_taps(tail, rows, ch, C, W: tl.constexpr):
 
 
 @triton.jit
+def _store_step(q, k, v, raw_ptr, dtb, a, lower_bound, q_ptr, k_ptr, v_ptr, g_ptr, blog_ptr, beta_ptr, bt, h, H,
+                stride_blog, rk, rv, K: tl.constexpr, V: tl.constexpr, SAFE_GATE: tl.constexpr,
+                BETA_LOGITS: tl.constexpr):
+    """A step's outputs for head h: q, k, v, the gate (from the bottleneck row and dt bias `dtb` over channels rk)
+    and, with BETA_LOGITS, beta."""
+    row = bt * H + h
+    g = _gate(tl.load(raw_ptr + row * K + rk), dtb, a, lower_bound, SAFE_GATE)
+    tl.store(q_ptr + row * K + rk, q)
+    tl.store(k_ptr + row * K + rk, k.to(k_ptr.dtype.element_ty))
+    tl.store(v_ptr + row * V + rv, v.to(v_ptr.dtype.element_ty))
+    tl.store(g_ptr + row * K + rk, g)
+    if BETA_LOGITS:
+        tl.store(beta_ptr + row, tl.sigmoid(tl.load(blog_ptr + bt * stride_blog + h).to(tl.float32)))
+
+
+@triton.jit
 def _kda_prep_kernel(x_ptr, w_ptr, conv_ptr, slots_ptr, raw_ptr, alog_ptr, dtb_ptr, q_ptr, k_ptr, v_ptr, g_ptr,
                      blog_ptr, beta_ptr, H, stride_xb, stride_xt, stride_conv, stride_blog, lower_bound, scale, L,
                      K: tl.constexpr, V: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, SAFE_GATE: tl.constexpr,
@@ -201,14 +217,8 @@ def _kda_prep_kernel(x_ptr, w_ptr, conv_ptr, slots_ptr, raw_ptr, alog_ptr, dtb_p
     q = _l2norm_round(_conv_silu(qw, qcw, W, BW, dt), 1e-6, dt) * scale
     k = _l2norm_round(_conv_silu(kw, kcw, W, BW, dt), 1e-6, dt)
     v = _conv_silu(vw, vcw, W, BW, dt)
-    row = bt * H + h
-    g = _gate(tl.load(raw_ptr + row * K + rk), dtb, a, lower_bound, SAFE_GATE)
-    tl.store(q_ptr + row * K + rk, q)
-    tl.store(k_ptr + row * K + rk, k.to(k_ptr.dtype.element_ty))
-    tl.store(v_ptr + row * V + rv, v.to(v_ptr.dtype.element_ty))
-    tl.store(g_ptr + row * K + rk, g)
-    if BETA_LOGITS:
-        tl.store(beta_ptr + row, tl.sigmoid(tl.load(blog_ptr + bt * stride_blog + h).to(tl.float32)))
+    _store_step(q, k, v, raw_ptr, dtb, a, lower_bound, q_ptr, k_ptr, v_ptr, g_ptr, blog_ptr, beta_ptr, bt, h, H,
+                stride_blog, rk, rv, K, V, SAFE_GATE, BETA_LOGITS)
     if WRITE_TAIL:
         tl.debug_barrier()
         _store_tail(tail, qw, qc, C, W, BW)
@@ -241,14 +251,8 @@ def _prep_cf(x_ptr, w_ptr, conv_ptr, raw_ptr, alog_ptr, dtb_ptr, q_ptr, k_ptr, v
     v, v1, v2, v3 = _conv_taps(xb, stride_xt, t, vc, C, vb, W, dt)
     q = (q / tl.sqrt(tl.sum(q * q, 0, keep_dims=True) + 1e-6)).to(dt).to(tl.float32) * scale
     k = (k / tl.sqrt(tl.sum(k * k, 0, keep_dims=True) + 1e-6)).to(dt).to(tl.float32)
-    row = bt * H + h
-    g = _gate(tl.load(raw_ptr + row * K + rk), dtb, a, lower_bound, SAFE_GATE)
-    tl.store(q_ptr + row * K + rk, q)
-    tl.store(k_ptr + row * K + rk, k.to(k_ptr.dtype.element_ty))
-    tl.store(v_ptr + row * V + rv, v.to(v_ptr.dtype.element_ty))
-    tl.store(g_ptr + row * K + rk, g)
-    if BETA_LOGITS:
-        tl.store(beta_ptr + row, tl.sigmoid(tl.load(blog_ptr + bt * stride_blog + h).to(tl.float32)))
+    _store_step(q, k, v, raw_ptr, dtb, a, lower_bound, q_ptr, k_ptr, v_ptr, g_ptr, blog_ptr, beta_ptr, bt, h, H,
+                stride_blog, rk, rv, K, V, SAFE_GATE, BETA_LOGITS)
     if WRITE_TAIL:
         tl.debug_barrier()
         _store_taps(tail, (q1, q2, q3), qc, C, W)
