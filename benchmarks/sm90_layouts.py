@@ -24,34 +24,22 @@ import pytest  # noqa: E402
 
 from tests.gpu import sm90  # noqa: E402
 
-ROWS: dict = {}  # (kernel, PDL) -> [(conversions, barriers, barriers after the wait)]
-
-
-def _recording(real):
-    def compile_and_count(*args, **kwargs):
-        kernel = real(*args, **kwargs)
-        ttgir, ptx = kernel.asm["ttgir"], kernel.asm["ptx"]
-        wait = ptx.find("griddepcontrol.wait")
-        after = ptx[wait:].count("bar.sync") if wait >= 0 else None
-        ROWS.setdefault((kernel.name, wait >= 0), []).append((ttgir.count("convert_layout"), ptx.count("bar.sync"),
-                                                              after))
-        return kernel
-    return compile_and_count
-
-
 def main():
     from tests.ops.test_sm90_compile import SUBSET
 
-    sm90.compile = _recording(sm90.compile)
-    args = sys.argv[1:] or SUBSET
-    rc = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:xdist", *args])
+    sm90.kept = []
+    rc = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:xdist", *(sys.argv[1:] or SUBSET)])
+    rows: dict = {}  # kernel -> [(conversions, barriers, barriers after the wait)] of its PDL specialisations
+    for kernel in sm90.kept:
+        counts = sm90.layout_counts(kernel)
+        if counts[2] is not None:
+            rows.setdefault(kernel.name, []).append(counts)
     span = lambda v: f"{min(v)}-{max(v)}" if min(v) != max(v) else f"{v[0]}"  # noqa: E731
     print("\n| kernel (PDL) | specialisations | layout conversions | barriers | after the wait |")
     print("|---|---|---|---|---|")
-    for (name, pdl), rows in sorted(ROWS.items()):
-        if pdl:
-            conv, bars, after = zip(*rows)
-            print(f"| {name} | {len(rows)} | {span(conv)} | {span(bars)} | {span(after)} |")
+    for name, counts in sorted(rows.items()):
+        conv, bars, after = zip(*counts)
+        print(f"| {name} | {len(counts)} | {span(conv)} | {span(bars)} | {span(after)} |")
     return rc
 
 

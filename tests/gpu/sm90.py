@@ -35,6 +35,9 @@ seen: dict = {}  # specialisation key -> the kernel's name (what was compiled, f
 # its programs an SM holds, so whether a launch's grid streams in one wave (docs/kernels.md, 2026-12-06 20:22)
 REGS = os.environ.get("KESTREL_SM90_REGS") == "1"
 regs: dict = {}  # specialisation key -> (kernel, PDL, warps, registers, spill store bytes, spill load bytes)
+# a list: each compiled specialisation's CompiledKernel is appended to it (benchmarks/sm90_layouts.py, the settle's
+# layout test in tests/ops/test_sm90_compile.py); None: none kept
+kept: list | None = None
 # what the interpreter patches (and, for a helper called from an interpreted kernel, leaves patched): their
 # attributes as imported, taken by install() before any kernel is interpreted
 _LANG = (tl, tl.core, tl.math, tl.core.tensor, tl.core.tensor_descriptor_base)
@@ -102,8 +105,19 @@ def compile_launch(f: InterpretedFunction, args, kwargs) -> None:
         with _real_functions(f.fn.__module__):
             kernel = compile(ASTSource(jf, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
         seen[key] = f.fn.__name__
+        if kept is not None:
+            kept.append(kernel)
         if REGS:
             regs[key] = (f.fn.__name__, bool(kw.get("PDL")), options.num_warps, *ptxas_usage(kernel.asm["ptx"]))
+
+
+def layout_counts(kernel) -> tuple[int, int, int | None]:
+    """(layout conversions in its TTGIR, barriers in its PTX, barriers after its PDL wait or None without one) of a
+    compiled kernel: each conversion is a round trip through shared memory."""
+    ptx = kernel.asm["ptx"]
+    wait = ptx.find("griddepcontrol.wait")
+    return (kernel.asm["ttgir"].count("convert_layout"), ptx.count("bar.sync"),
+            ptx[wait:].count("bar.sync") if wait >= 0 else None)
 
 
 def ptxas_usage(ptx: str) -> tuple[int, int, int]:
