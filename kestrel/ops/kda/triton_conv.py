@@ -79,11 +79,14 @@ def _gate(raw, dtb, a, lower_bound, SAFE_GATE: tl.constexpr):
     return -a * tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
 
 
-# Per-tap channel columns (`_kda_prep_kernel`'s CF form, conv widths up to 4): every per-channel vector is a
-# [channels, 1] column, the conv a sum of W columns in order (no reduction), so nothing changes layout. The
-# [taps, channels] window form compiles (k3-mini's shapes, sm_90) to 6 layout conversions and 48 barriers after the
-# PDL wait. Off until timed on a GPU (benchmarks/device/device_run174.sh)
-CHANNELS_FIRST = False
+# Per-tap channel columns (`_kda_prep_kernel`'s CF form, conv widths up to 4; wider convs take the window form):
+# every per-channel vector is a [channels, 1] column, the conv a sum of W columns in order (no reduction), so
+# nothing changes layout. The [taps, channels] window form compiles (k3-mini's shapes, sm_90) to 6 layout
+# conversions and 48 barriers after the PDL wait; this one to none and 6. H100, turn about in one run
+# (device_run175.sh): k3-mini decode graph 1.449 -> 1.345 ms at batch 1 (1.077x), 1.013x at batch 8; k3-small
+# verify + fold graphs 0.958x / 1.021x / 1.075x at 1 / 8 / 64 blocks of 8 (the first within that run's noise).
+# The two forms give bit-equal conv tails, v, gates and beta; q and k differ by their L2 norms' reduction order.
+CHANNELS_FIRST = True
 
 
 @triton.jit
@@ -283,5 +286,9 @@ def launch_prep(x, conv_weight, conv_state, slots, raw_gate, A_log, dt_bias, low
             conv_state.stride(0), beta_logits.stride(0) if beta is not None else 0,
             0.0 if lower_bound is None else float(lower_bound), float(scale), L=L, K=K, V=V, W=W,
             BW=triton.next_power_of_2(W), SAFE_GATE=lower_bound is not None, WRITE_TAIL=write_tail,
-            BETA_LOGITS=beta is not None, EARLY=early, CF=CHANNELS_FIRST and W <= 4, num_warps=4, **pdl_args(x))
+            BETA_LOGITS=beta is not None, EARLY=early, CF=CHANNELS_FIRST and W <= 4, num_warps=4,
+            # no fused multiply-adds: the compiler contracted the conv's rounded bf16 product and sum into one
+            # fma.rn.bf16 (the reference rounds the product), and did so differently in decode and verify, whose
+            # outputs must be bit-equal (device call 174)
+            enable_fp_fusion=False, **pdl_args(x))
     return q, k, v, g, beta
