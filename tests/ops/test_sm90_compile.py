@@ -111,3 +111,32 @@ def test_the_settle_compiles_without_layout_conversions():
     assert r.returncode == 0, r.stderr[-2000:]
     counts = [line.split() for line in r.stdout.splitlines() if line.startswith("convert_layout")]
     assert len(counts) == 2 and all(c[1] == "0" for c in counts), r.stdout
+
+
+PREP_IR = """
+import torch
+from tests.gpu import sm90
+sm90.kept = []
+sm90.install()
+from kestrel.ops.kda import triton_conv
+B, H, Kd, W = 1, 16, 128, 4
+C, g = 3 * H * Kd, torch.Generator().manual_seed(0)
+r = lambda *s: torch.randn(*s, generator=g).to(torch.bfloat16)
+for L in (1, 8):
+    triton_conv.launch_prep(r(B, L, C), r(C, W), r(2, W - 1, C), torch.tensor([1]), r(B, L, H, Kd), r(H).float(),
+                            r(H * Kd).float(), -5.0, Kd**-0.5, H, Kd, Kd, write_tail=L == 1, beta_logits=r(B * L, H))
+for k in sm90.kept:
+    print("prep", *sm90.layout_counts(k), "fma" in k.asm["ptx"])
+"""
+
+
+def test_the_kda_prep_compiles_without_layout_conversions_or_fused_multiply_adds():
+    """The KDA prep kernel at k3-mini's shapes (decode and an 8-step verify, PDL off and on), compiled for sm_90:
+    its channel-column form has no layout conversion (the window form had 6, and 48 barriers after the wait), and no
+    fused multiply-add: contracted, the conv's rounded bf16 product and its sum became one fma.rn.bf16, differently
+    in decode and verify, whose outputs must be bit-equal (docs/kernels.md, 2026-12-07 16:37)."""
+    r = subprocess.run([sys.executable, "-c", PREP_IR], env=ENV, cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    counts = [line.split() for line in r.stdout.splitlines() if line.startswith("prep")]
+    assert len(counts) == 4 and all(c[1] == "0" and c[4] == "False" for c in counts), r.stdout
