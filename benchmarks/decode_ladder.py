@@ -31,7 +31,7 @@ from kestrel.models.presets import kimi_linear_subset, preset_config  # noqa: E4
 import kestrel.ops as ops  # noqa: E402
 from kestrel.ops import attn_res as attn_res_ops, linear as linear_ops, mla as mla_ops, moe as moe_ops  # noqa: E402
 from kestrel.ops import reference_ops  # noqa: E402
-from kestrel.ops.kda import triton as kda_triton  # noqa: E402
+from kestrel.ops.kda import triton as kda_triton, triton_conv as kda_conv  # noqa: E402
 
 DT = torch.bfloat16
 
@@ -132,6 +132,8 @@ def ladder(cfg, model, args, log, floor_s):
     moe_ops.SHARED_STREAM = False
     # the KDA prep and recurrence kernels wait before reading the state, tail and weights
     kda_triton.EARLY_STATE = False
+    # the KDA prep kernel in its [taps, channels] window form (layout conversions after its wait)
+    kda_conv.CHANNELS_FIRST = False
     with reference_ops():
         stage("eager, reference ops", lambda: model(fb), 5)
     stage("eager, Triton kernels", lambda: model(fb), 10)
@@ -199,8 +201,13 @@ def ladder(cfg, model, args, log, floor_s):
     paired = kept_stage("+ paired MoE tail", "CUDA graph, + MoE up and shared down projections as one GEMV", routed,
                         "paired tail vs two GEMVs")
     kda_triton.EARLY_STATE = True
-    kept_stage("+ early KDA state", "CUDA graph, + KDA state and conv tail read before the wait", paired,
-               "early KDA state vs waiting first")
+    early_state = kept_stage("+ early KDA state", "CUDA graph, + KDA state and conv tail read before the wait", paired,
+                             "early KDA state vs waiting first")
+    kda_conv.CHANNELS_FIRST = True
+    kept_stage("+ KDA prep in channel columns", "CUDA graph, + KDA prep in per-tap channel columns", early_state,
+               "channel-column prep vs the window form")
+    # (the AttnRes settle's one-layout form, 2026-12-07 14:30 session, 1.046x on an H100, replaced its 1-D form
+    # everywhere: every stage above from "settle" on runs it; there is no stage without it)
     # (moe_ops.SHARED_STREAM, the shared experts on a second stream, serves 4-128 tokens: not batch 1)
     # (call 2 of the 2026-12-01 02:47 session, benchmarks/device/device_run56.sh, also timed the KDA gate's up
     # projection inside the prep kernel, 1.414 against 1.417 ms; the dense FFN's K = 8192 down projection loading whole tiles
@@ -227,11 +234,11 @@ def ladder(cfg, model, args, log, floor_s):
     interleaved(variants, fb, log)
     # the stages above count the host's issue of each step (cuda_time waits for every step before the next); the
     # engine's overlap scheduler issues step n + 1 while the device runs step n
-    last = variants["+ early KDA state"]
+    last = variants["+ KDA prep in channel columns"]
     t = back_to_back(lambda: last.run(fb), 50)
     log(f"last stage back to back (the engine's steady state): {t * 1e3:.3f} ms/step {1 / t:.1f} tok/s  "
         f"floor fraction {floor_s / t:.1%}")
-    for name in ("+ paired MoE tail", "+ early KDA state"):
+    for name in ("+ early KDA state", "+ KDA prep in channel columns"):
         graph_timeline(lambda: variants[name].run(fb), log, label=name, sequence=range(0, 72))
     variants.clear()  # the graphs go (their memory pools with them)
     if args.tile_sweep:
