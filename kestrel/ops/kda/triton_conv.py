@@ -66,7 +66,8 @@ def _store_tail(tail_ptr, win, ch, C, W: tl.constexpr, BW: tl.constexpr):
 
 @triton.jit
 def _l2norm_round(x, eps, dt: tl.constexpr):
-    return (x / tl.sqrt(tl.sum(x * x, 0) + eps)).to(dt).to(tl.float32)
+    """x over its first axis (a [K] vector or a [K, 1] column) L2-normalised, rounded to dt, as fp32."""
+    return (x / tl.sqrt(tl.sum(x * x, 0, keep_dims=True) + eps)).to(dt).to(tl.float32)
 
 
 @triton.jit
@@ -252,8 +253,8 @@ def _prep_cf(x_ptr, w_ptr, conv_ptr, raw_ptr, alog_ptr, dtb_ptr, q_ptr, k_ptr, v
     q, q1, q2, q3 = _conv_taps(xb, stride_xt, t, qc, C, qb, W, dt)
     k, k1, k2, k3 = _conv_taps(xb, stride_xt, t, kc, C, kb, W, dt)
     v, v1, v2, v3 = _conv_taps(xb, stride_xt, t, vc, C, vb, W, dt)
-    q = (q / tl.sqrt(tl.sum(q * q, 0, keep_dims=True) + 1e-6)).to(dt).to(tl.float32) * scale
-    k = (k / tl.sqrt(tl.sum(k * k, 0, keep_dims=True) + 1e-6)).to(dt).to(tl.float32)
+    q = _l2norm_round(q, 1e-6, dt) * scale
+    k = _l2norm_round(k, 1e-6, dt)
     _store_step(q, k, v, raw_ptr, dtb, a, lower_bound, q_ptr, k_ptr, v_ptr, g_ptr, blog_ptr, beta_ptr, bt, h, H,
                 stride_blog, rk, rv, K, V, SAFE_GATE, BETA_LOGITS)
     if WRITE_TAIL:
