@@ -68,6 +68,30 @@ def test_attn_res_settle(dtype, n, form):
     assert rel(z1, z2) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [2, 6])
+@pytest.mark.parametrize("early", [False, True])
+def test_attn_res_settle_router(dtype, n, early):
+    """The settle forming the MoE router's logits too (one launch of cdiv(E, values) programs a row): the partial sum
+    and the normed row bit-equal to the plain settle's, the fp32 logits those of the normed row as stored (a
+    torch product in float64 as the oracle), every expert written (E not a multiple of the programs' slices)."""
+    from kestrel.ops.attn_res import triton as K
+    D, E = (64, 20) if SMALL else (2048, 128)
+    bank = [rnd(3, D, dtype=dtype) for _ in range(n)]
+    p, d = rnd(3, D, dtype=dtype), rnd(3, D, dtype=dtype)
+    kn, kp, nw = rnd(D, dtype=dtype), rnd(D, dtype=dtype, scale=D**-0.5), rnd(D, dtype=dtype)
+    router = rnd(E, D, scale=D**-0.5)  # fp32, as the model keeps it
+    p1, z1 = K.attn_res_settle(bank, p, d, kn, kp, 1e-5, nw, 1e-6, early=early)
+    p2, z2, lg = K.attn_res_settle_router(bank, p, d, kn, kp, 1e-5, nw, 1e-6, router, early=early)
+    assert torch.equal(p2, p1) and torch.equal(z2, z1)
+    assert lg.shape == (3, E) and lg.dtype == torch.float32
+    assert rel(lg, z1.double() @ router.double().T) < 1e-5
+    # one delta only (no partial sum): the settle writes no partial of its own
+    p3, z3, lg3 = K.attn_res_settle_router(bank, None, d, kn, kp, 1e-5, nw, 1e-6, router, early=early)
+    assert torch.equal(p3, d) and torch.equal(z3, K.attn_res_settle(bank, None, d, kn, kp, 1e-5, nw, 1e-6)[1])
+    assert rel(lg3, z3.double() @ router.double().T) < 1e-5
+
+
 def _beta(shape, logits: bool, dtype):
     """beta in (0, 1), or (logits) row-strided beta logits in the activation dtype, as the fused projection gives."""
     if not logits:

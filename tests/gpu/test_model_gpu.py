@@ -153,6 +153,46 @@ def test_pdl_graph_decode_bit_equals_plain_launches(monkeypatch, route_in_expert
 
 
 @torch.no_grad()
+def test_router_in_the_settle(monkeypatch):
+    """The MoE router's logits formed by the AttnRes settle before it (attn_res.ROUTER_IN_SETTLE_MAX_TOKENS): batch-1
+    decode steps from the same caches, graphed, against the router's own GEMV: the fused kernel ran once per MoE
+    layer and step, the logits agree (fp32 summation order only: the same experts win), and with programmatic
+    dependent launch on and off the fused graph gives bit-identical logits and states (the expert kernels read the
+    settle's logits before their wait: a race would show here)."""
+    import kestrel.ops as ops
+    from kestrel.engine.cuda_graph import DecodeGraphRunner
+    from kestrel.ops import attn_res as attn_res_ops
+    from kestrel.ops.attn_res import triton as AK
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs Hopper or later")
+    cfg, model, mem = _setup(torch.bfloat16, fuse=True)
+    calls = []
+    fused = AK.attn_res_settle_router
+    monkeypatch.setattr(AK, "attn_res_settle_router", lambda *a, **k: calls.append(1) or fused(*a, **k))
+
+    counts = {}
+
+    def graphed(tokens, pdl):
+        def setup():
+            monkeypatch.setattr(attn_res_ops, "ROUTER_IN_SETTLE_MAX_TOKENS", tokens)
+            monkeypatch.setattr(ops, "PDL", pdl)
+            before = len(calls)
+            runner = DecodeGraphRunner(model, mem, batch_sizes=(1,), max_pages_per_seq=8)
+            runner.capture()
+            counts[tokens, pdl] = len(calls) - before
+            return runner.run
+        return setup
+
+    keys = [(0, True), (4, False), (4, True)]
+    results = _replayed_steps(mem, [(key, graphed(*key)) for key in keys], 4)
+    moe_layers = sum(1 for layer in model.model.layers if hasattr(layer, "block_sparse_moe"))
+    assert moe_layers and counts[0, True] == 0 and counts[4, True] >= moe_layers, counts
+    assert _bit_equal(results[4, True], results[4, False])
+    assert rel(results[4, True][0], results[0, True][0]) < 1e-2
+
+
+@torch.no_grad()
 def test_paired_moe_tail_bit_equals_two_gemvs(monkeypatch):
     """At batch 1 the latent MoE's up projection and the shared experts' down projection run as one paired GEMV:
     decode steps from the same caches give bit-identical logits and states with the pair and with the two GEMVs,
