@@ -154,42 +154,50 @@ def test_pdl_graph_decode_bit_equals_plain_launches(monkeypatch, route_in_expert
 
 @torch.no_grad()
 def test_router_in_the_settle(monkeypatch):
-    """The MoE router's logits formed by the AttnRes settle before it (attn_res.ROUTER_IN_SETTLE_MAX_TOKENS): batch-1
-    decode steps from the same caches, graphed, against the router's own GEMV: the fused kernel ran once per MoE
-    layer and step, the logits agree (fp32 summation order only: the same experts win), and with programmatic
-    dependent launch on and off the fused graph gives bit-identical logits and states (the expert kernels read the
-    settle's logits before their wait: a race would show here)."""
+    """The MoE router's logits formed by the AttnRes settle before it (attn_res.ROUTER_IN_SETTLE_MAX_TOKENS), batch-1
+    decode steps from the same caches: eagerly, every MoE layer receives logits that match its router's own GEMV of
+    the same input (fp32 summation order only) and choose the same experts; graphed with programmatic dependent
+    launch on and off, bit-identical logits and states (the expert kernels read the settle's logits before their
+    wait: a race would show here)."""
     import kestrel.ops as ops
     from kestrel.engine.cuda_graph import DecodeGraphRunner
+    from kestrel.models.moe import MoE
     from kestrel.ops import attn_res as attn_res_ops
-    from kestrel.ops.attn_res import triton as AK
+    from kestrel.ops import moe as moe_ops
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs Hopper or later")
     cfg, model, mem = _setup(torch.bfloat16, fuse=True)
-    calls = []
-    fused = AK.attn_res_settle_router
-    monkeypatch.setattr(AK, "attn_res_settle_router", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    monkeypatch.setattr(attn_res_ops, "ROUTER_IN_SETTLE_MAX_TOKENS", 4)
+    seen = []
+    forward = MoE.forward
 
-    counts = {}
+    def checked(self, x, training=False, logits=None):
+        own = self.gate.logits(x)
+        r = self.gate.routing()
+        chosen = [moe_ops.route(lg, r.correction_bias, r.top_k, r.renormalize, r.scaling)[1].sort(-1).values
+                  for lg in (logits, own)]
+        seen.append((rel(logits, own), torch.equal(*chosen)))
+        return forward(self, x, training, logits)
 
-    def graphed(tokens, pdl):
+    def eager():
+        monkeypatch.setattr(MoE, "forward", checked)
+        return model
+
+    def graphed(pdl):
         def setup():
-            monkeypatch.setattr(attn_res_ops, "ROUTER_IN_SETTLE_MAX_TOKENS", tokens)
+            monkeypatch.setattr(MoE, "forward", forward)
             monkeypatch.setattr(ops, "PDL", pdl)
-            before = len(calls)
             runner = DecodeGraphRunner(model, mem, batch_sizes=(1,), max_pages_per_seq=8)
             runner.capture()
-            counts[tokens, pdl] = len(calls) - before
             return runner.run
         return setup
 
-    keys = [(0, True), (4, False), (4, True)]
-    results = _replayed_steps(mem, [(key, graphed(*key)) for key in keys], 4)
+    results = _replayed_steps(mem, [("eager", eager), (False, graphed(False)), (True, graphed(True))], 4)
     moe_layers = sum(1 for layer in model.model.layers if hasattr(layer, "block_sparse_moe"))
-    assert moe_layers and counts[0, True] == 0 and counts[4, True] >= moe_layers, counts
-    assert _bit_equal(results[4, True], results[4, False])
-    assert rel(results[4, True][0], results[0, True][0]) < 1e-2
+    assert moe_layers and len(seen) == 4 * moe_layers
+    assert all(err < 1e-5 and same for err, same in seen), seen
+    assert _bit_equal(results[True], results[False])
 
 
 @torch.no_grad()
