@@ -7,11 +7,11 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=.
 s() { echo "== $1 ($(date +%T))"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 s "settle kernel and model tests"
-timeout 150 python3 -m pytest -q -p no:cacheprovider -n 8 tests/gpu/test_kernels.py tests/gpu/test_model_gpu.py \
+timeout 120 python3 -m pytest -q -p no:cacheprovider -n 8 tests/gpu/test_kernels.py tests/gpu/test_model_gpu.py \
   -k "attn_res_settle or router_in_the_settle or pdl_graph" > $OUT/tests.log 2>&1
 echo "rc=$?"; tail -1 $OUT/tests.log; grep -E "^FAILED|^ERROR" $OUT/tests.log | head -8
 s "decode_knobs ROUTER_IN_SETTLE_MAX_TOKENS"
-timeout 200 python3 benchmarks/decode_knobs.py --preset k3-mini --batches 1,8 --rounds 6 \
+timeout 150 python3 benchmarks/decode_knobs.py --preset k3-mini --batches 1,8 --rounds 6 \
   --knob kestrel.ops.attn_res.ROUTER_IN_SETTLE_MAX_TOKENS=0,8 > $OUT/knobs.log 2>&1
 echo "rc=$?"; grep -E "^batch|^\| [0-9]" $OUT/knobs.log | tail -8
 best=$(python3 -c "
@@ -19,7 +19,7 @@ import re
 rows = [(float(t), int(m)) for m, t in re.findall(r'^batch 1 ROUTER_IN_SETTLE_MAX_TOKENS=(\d+): ([\d.]+) ms', open('$OUT/knobs.log').read(), re.M)]
 print(min(rows)[1] if rows else 0)")
 s "floor, graph and timeline, ROUTER_IN_SETTLE_MAX_TOKENS=$best"
-timeout 150 python3 -c "
+timeout 140 python3 -c "
 import runpy, sys
 import kestrel.ops.attn_res as A
 A.ROUTER_IN_SETTLE_MAX_TOKENS = $best
