@@ -1,15 +1,11 @@
 #!/bin/bash
 # 2026-12-07 18:14 session (issue 9). The MoE router's logits formed inside the AttnRes settle before it
-# (kestrel.ops.attn_res.ROUTER_IN_SETTLE_MAX_TOKENS; the router GEMV's launch leaves the decode chain): the settle
-# and model tests, k3-mini's decode graph turn about at batch 1, then the floor, the graph and a timeline
-# at batch 1 with the faster setting. Ask for the H200; about 4 minutes.
+# (kestrel.ops.attn_res.ROUTER_IN_SETTLE_MAX_TOKENS; the router GEMV's launch leaves the decode chain): k3-mini's
+# decode graph turn about at batch 1, then the floor, the graph and a timeline at batch 1 with the faster setting,
+# then the settle and model tests. Ask for the H200; about 4 minutes.
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 s() { echo "== $1 ($(date +%T))"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
-s "settle kernel and model tests"
-timeout 120 python3 -m pytest -q -p no:cacheprovider -n 8 tests/gpu/test_kernels.py tests/gpu/test_model_gpu.py \
-  -k "attn_res_settle or router_in_the_settle or pdl_graph" > $OUT/tests.log 2>&1
-echo "rc=$?"; tail -1 $OUT/tests.log; grep -E "^FAILED|^ERROR" $OUT/tests.log | head -8
 s "decode_knobs ROUTER_IN_SETTLE_MAX_TOKENS"
 timeout 120 python3 benchmarks/decode_knobs.py --preset k3-mini --batches 1 --rounds 6 \
   --knob kestrel.ops.attn_res.ROUTER_IN_SETTLE_MAX_TOKENS=0,8 > $OUT/knobs.log 2>&1
@@ -28,4 +24,8 @@ sys.argv = ['decode_ladder.py', '--skip-hf', '--skip-ladder', '--batches', '1', 
 runpy.run_path('benchmarks/decode_ladder.py', run_name='__main__')
 " > $OUT/timeline.log 2>&1
 echo "rc=$?"; grep -vE "^\s*$" $OUT/timeline.log | tail -24
+s "settle kernel and model tests"
+timeout 120 python3 -m pytest -q -p no:cacheprovider -n 8 tests/gpu/test_kernels.py tests/gpu/test_model_gpu.py \
+  -k "attn_res_settle or router_in_the_settle or pdl_graph" > $OUT/tests.log 2>&1
+echo "rc=$?"; tail -1 $OUT/tests.log; grep -E "^FAILED|^ERROR" $OUT/tests.log | head -8
 s done
