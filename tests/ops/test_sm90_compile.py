@@ -46,6 +46,7 @@ def test_the_compile_check_catches_what_the_interpreter_runs():
 SUBSET = [
     "tests/gpu/test_kernels.py::test_norms",
     "tests/gpu/test_kernels.py::test_attn_res_settle[partial+delta-6-dtype1]",
+    "tests/gpu/test_kernels.py::test_attn_res_settle_router[True-6-dtype1]",
     "tests/gpu/test_kernels.py::test_kda_decode",
     "tests/gpu/test_kernels.py::test_kda_verify_and_fold[True-True-False-True--5.0-dtype1]",
     "tests/gpu/test_kernels.py::test_kda_verify_and_fold[True-True-True-True--5.0-dtype1]",
