@@ -108,7 +108,7 @@ def _launch(bank, partial, delta, w, w2, eps, norm_weight, norm_eps, want_out: b
         logits = torch.empty(T, router.shape[0], dtype=torch.float32, device=x0.device)
     E = router.shape[0] if router is not None else 1
     if T:
-        _attn_res_kernel[(T, triton.cdiv(E, NPAD) if router is not None else 1)](
+        _attn_res_kernel[(T, triton.cdiv(E, NPAD))](  # (one program a row without a router: E = 1)
             vals, p if p is not None else d, d if d is not None else new_p, new_p, w, w2 if w2 is not None else w,
             out if out is not None else new_p, norm_weight if norm_weight is not None else w,
             norm if norm is not None else new_p, router if router is not None else w,
