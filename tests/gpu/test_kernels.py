@@ -380,6 +380,34 @@ def test_store_latent(dtype, cache_dtype):
     assert bool((flat[1][others] == 7.0).all()), "a slot outside loc was written"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("small", [False, True])
+def test_head_gemv_with_latent_store(dtype, T, small):
+    """The latent store as extra programs of the q_nope head GEMV: y bit-equal to the GEMV alone, the cache entries
+    bit-equal to the store kernel's, no other slot written; a small weight (one row per program) takes each row's
+    store in that row's programs."""
+    from kestrel.ops.mla import triton as K
+    H, Dn, Rk, Dr, P, ps = (3, 16, 32, 8, 6, 4) if SMALL else (16, 128, 512, 64, 40, 16)
+    w = rnd(H, Rk, Dn, dtype=dtype)[:, : (8 if small else Rk)]  # W_uk^T's rows (a short slice: a small weight)
+    q = rnd(T, H, Dn + 8, dtype=dtype)[..., :Dn]
+    wide = rnd(T, 24 + Rk + Dr + 16, dtype=dtype)  # kv_a as the middle columns of a fused GEMM's output
+    kv_a, nw = wide[:, 24 : 24 + Rk + Dr], rnd(Rk, dtype=dtype)
+    loc = torch.randperm(P * ps, device=DEV)[:T]
+    bufs = [torch.full((P, ps, Rk + Dr), 7.0, dtype=dtype, device=DEV) for _ in range(2)]
+    K.store_latent(kv_a, nw, 1e-6, Rk, bufs[0], loc)
+    y = K.head_gemv(q, w, (kv_a, nw, 1e-6, Rk, bufs[1], loc))
+    assert torch.equal(y, K.head_gemv(q, w))
+    assert torch.equal(bufs[1], bufs[0]), "the cache differs from the store kernel's (or a slot outside loc)"
+    # rows the kernel does not take (too many): the store still happens, before the reference product
+    many = K.HEAD_GEMV_MAX_ROWS + 1
+    qm, kvm = rnd(many, H, Dn, dtype=dtype), rnd(many, Rk + Dr, dtype=dtype)
+    locm = torch.randperm(P * ps, device=DEV)[:many]
+    K.store_latent(kvm, nw, 1e-6, Rk, bufs[0], locm)
+    K.head_gemv(qm, w, (kvm, nw, 1e-6, Rk, bufs[1], locm))
+    assert torch.equal(bufs[1], bufs[0])
+
+
 @pytest.mark.parametrize("dtype", DOT_DTYPES)
 @pytest.mark.parametrize("causal", [True, False])
 def test_attention_with_lse(dtype, causal):

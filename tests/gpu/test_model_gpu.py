@@ -201,6 +201,50 @@ def test_router_in_the_settle(monkeypatch):
 
 
 @torch.no_grad()
+def test_latent_store_in_the_head_gemv(monkeypatch):
+    """A decode step's MLA latent store as extra programs of the q_nope head GEMV (mla.LATENT_IN_HEAD_GEMV):
+    batch-1 steps from the same caches give logits, caches and states bit-identical to the separate store kernel's,
+    eagerly (where the store kernel is seen not to run) and graphed with programmatic dependent launch (the
+    attention reads the cache after the GEMV's launch finished: a race would show here)."""
+    import kestrel.ops as ops
+    from kestrel.engine.cuda_graph import DecodeGraphRunner
+    from kestrel.ops import mla as mla_ops
+    from kestrel.ops.mla import triton as MK
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs Hopper or later")
+    cfg, model, mem = _setup(torch.bfloat16, fuse=True)
+    stores, store, current = {}, MK.store_latent, [None]  # store kernel launches per variant
+
+    def counted(*a):
+        stores[current[0]] = stores.get(current[0], 0) + 1
+        return store(*a)
+
+    monkeypatch.setattr(MK, "store_latent", counted)
+
+    def variant(on, graph):
+        def setup():
+            current[0] = (on, graph)
+            monkeypatch.setattr(mla_ops, "LATENT_IN_HEAD_GEMV", on)
+            if not graph:
+                return model
+            monkeypatch.setattr(ops, "PDL", True)
+            runner = DecodeGraphRunner(model, mem, batch_sizes=(1,), max_pages_per_seq=8)
+            runner.capture()
+            return runner.run
+        return setup
+
+    # one call: every variant decodes from the same random caches
+    keys = [(on, graph) for graph in (False, True) for on in (False, True)]
+    results = _replayed_steps(mem, [(k, variant(*k)) for k in keys], 3)
+    mla_layers = sum(1 for layer in model.model.layers if hasattr(layer.self_attn, "kv_a_layernorm"))
+    assert mla_layers and stores.get((False, False)) == 3 * mla_layers and (False, True) in stores, stores
+    assert (True, False) not in stores and (True, True) not in stores, stores
+    assert _bit_equal(results[True, False], results[False, False])
+    assert _bit_equal(results[True, True], results[False, True])
+
+
+@torch.no_grad()
 def test_paired_moe_tail_bit_equals_two_gemvs(monkeypatch):
     """At batch 1 the latent MoE's up projection and the shared experts' down projection run as one paired GEMV:
     decode steps from the same caches give bit-identical logits and states with the pair and with the two GEMVs,

@@ -51,11 +51,23 @@ def store_latent(kv_a, weight, eps: float, rank: int, kv_buffer, loc):
 FUSED_STORE = True
 
 
-def head_gemv(x, w):
-    """y[t, h] = w[h] @ x[t, h] for x [T, H, K], w [H, N, K]: see reference.head_gemv (a kernel for decode rows)."""
-    fn = (kernel(__name__ + ".triton", "head_gemv", x) if FUSED_ABSORB else None) or reference.head_gemv
-    return fn(x, w)
+def head_gemv(x, w, store=None):
+    """y[t, h] = w[h] @ x[t, h] for x [T, H, K], w [H, N, K]: see reference.head_gemv (a kernel for decode rows).
+
+    store: store_latent's arguments (kv_a, weight, eps, rank, kv_buffer, loc) for the same rows, written before y
+    is used: with LATENT_IN_HEAD_GEMV by extra programs of the kernel's launch, else by store_latent first."""
+    fn = kernel(__name__ + ".triton", "head_gemv", x) if FUSED_ABSORB else None
+    if store is not None and not (fn is not None and FUSED_STORE and LATENT_IN_HEAD_GEMV):
+        store_latent(*store)
+        store = None
+    if fn is None:
+        return reference.head_gemv(x, w)
+    return fn(x, w, store) if store is not None else fn(x, w)
 
 
 # off: the absorbed projections run as batched matmuls (the decode ladder's "before" stage)
 FUSED_ABSORB = True
+
+# on: a decode step's latent store runs as extra programs of the q_nope head GEMV after it (one launch fewer on the
+# chain per MLA layer); off until measured on a GPU
+LATENT_IN_HEAD_GEMV = False
