@@ -1,0 +1,41 @@
+#!/bin/bash
+# 2026-12-07 20:27 session (issue 9). Two launches out of k3-mini's batch-1 decode chain, each behind a knob that is
+# off until measured: the MoE router's logits inside the AttnRes settle (kestrel.ops.attn_res.
+# ROUTER_IN_SETTLE_MAX_TOKENS, 24 launches a step) and the MLA latent store inside the q_nope head GEMV
+# (kestrel.ops.mla.LATENT_IN_HEAD_GEMV, 6 a step). Each turn about against off; then the tests of both; then the
+# floor, graph and timeline with the faster settings. About 5-6 minutes on the H200 (either GPU will do for the A/B).
+export PYTHONUNBUFFERED=1 PYTHONPATH=.
+s() { echo "== $1 ($(date +%T))"; }
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+best() {  # the faster value of knob $2 in log $1
+  python3 -c "
+import re
+rows = [(float(t), v) for v, t in re.findall(r'^batch 1 $2=(\S+): ([\d.]+) ms', open('$1').read(), re.M)]
+print(min(rows)[1] if rows else '$3')"
+}
+s "decode_knobs ROUTER_IN_SETTLE_MAX_TOKENS"
+timeout 120 python3 benchmarks/decode_knobs.py --preset k3-mini --batches 1 --rounds 6 \
+  --knob kestrel.ops.attn_res.ROUTER_IN_SETTLE_MAX_TOKENS=0,8 > $OUT/knobs_router.log 2>&1
+echo "rc=$?"; grep -E "^batch|^\| [0-9]" $OUT/knobs_router.log | tail -6
+s "decode_knobs LATENT_IN_HEAD_GEMV"
+timeout 120 python3 benchmarks/decode_knobs.py --preset k3-mini --batches 1 --rounds 6 \
+  --knob kestrel.ops.mla.LATENT_IN_HEAD_GEMV=False,True > $OUT/knobs_latent.log 2>&1
+echo "rc=$?"; grep -E "^batch|^\| [0-9]" $OUT/knobs_latent.log | tail -6
+router=$(best $OUT/knobs_router.log ROUTER_IN_SETTLE_MAX_TOKENS 0)
+latent=$(best $OUT/knobs_latent.log LATENT_IN_HEAD_GEMV False)
+s "kernel and model tests"
+timeout 150 python3 -m pytest -q -p no:cacheprovider -n 8 tests/gpu/test_kernels.py tests/gpu/test_model_gpu.py \
+  -k "attn_res_settle or router_in_the_settle or pdl_graph or head_gemv or store_latent or latent_store" \
+  > $OUT/tests.log 2>&1
+echo "rc=$?"; tail -1 $OUT/tests.log; grep -E "^FAILED|^ERROR" $OUT/tests.log | head -8
+s "floor, graph and timeline, ROUTER_IN_SETTLE_MAX_TOKENS=$router LATENT_IN_HEAD_GEMV=$latent"
+timeout 140 python3 -c "
+import runpy, sys
+import kestrel.ops.attn_res as A, kestrel.ops.mla as M
+A.ROUTER_IN_SETTLE_MAX_TOKENS, M.LATENT_IN_HEAD_GEMV = $router, $latent
+sys.argv = ['decode_ladder.py', '--skip-hf', '--skip-ladder', '--batches', '1', '--timeline-batches', '1',
+            '--timeline-top', '14', '--out', '$OUT']
+runpy.run_path('benchmarks/decode_ladder.py', run_name='__main__')
+" > $OUT/timeline.log 2>&1
+echo "rc=$?"; grep -vE "^\s*$" $OUT/timeline.log | tail -24
+s done
