@@ -1,9 +1,10 @@
 #!/bin/bash
-# 2026-12-07 20:27 session (issue 9). Two launches out of k3-mini's batch-1 decode chain, each behind a knob that is
-# off until measured: the MoE router's logits inside the AttnRes settle (kestrel.ops.attn_res.
-# ROUTER_IN_SETTLE_MAX_TOKENS, 24 launches a step) and the MLA latent store inside the q_nope head GEMV
-# (kestrel.ops.mla.LATENT_IN_HEAD_GEMV, 6 a step). Each turn about against off; then the tests of both; then the
-# floor, graph and timeline with the faster settings. About 5-6 minutes on the H200 (either GPU will do for the A/B).
+# 2026-12-07 20:27 session (issue 9). Three launches out of k3-mini's batch-1 decode chain, each behind a knob that
+# is off until measured: the MoE router's logits inside the AttnRes settle (kestrel.ops.attn_res.
+# ROUTER_IN_SETTLE_MAX_TOKENS, 24 launches a step), the MLA latent store inside the q_nope head GEMV
+# (kestrel.ops.mla.LATENT_IN_HEAD_GEMV, 6 a step) and the MLA decode's combine inside the W_uv head GEMV
+# (kestrel.ops.mla.COMBINE_IN_HEAD_GEMV, 6 a step). Each turn about against off; then their tests; then the floor,
+# graph and timeline with the faster settings. About 6-7 minutes on the H200 (either GPU will do for the A/Bs).
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 s() { echo "== $1 ($(date +%T))"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
@@ -21,18 +22,23 @@ s "decode_knobs LATENT_IN_HEAD_GEMV"
 timeout 120 python3 benchmarks/decode_knobs.py --preset k3-mini --batches 1 --rounds 6 \
   --knob kestrel.ops.mla.LATENT_IN_HEAD_GEMV=False,True > $OUT/knobs_latent.log 2>&1
 echo "rc=$?"; grep -E "^batch|^\| [0-9]" $OUT/knobs_latent.log | tail -6
+s "decode_knobs COMBINE_IN_HEAD_GEMV"
+timeout 120 python3 benchmarks/decode_knobs.py --preset k3-mini --batches 1 --rounds 6 \
+  --knob kestrel.ops.mla.COMBINE_IN_HEAD_GEMV=False,True > $OUT/knobs_combine.log 2>&1
+echo "rc=$?"; grep -E "^batch|^\| [0-9]" $OUT/knobs_combine.log | tail -6
 router=$(best $OUT/knobs_router.log ROUTER_IN_SETTLE_MAX_TOKENS 0)
 latent=$(best $OUT/knobs_latent.log LATENT_IN_HEAD_GEMV False)
+combine=$(best $OUT/knobs_combine.log COMBINE_IN_HEAD_GEMV False)
 s "kernel and model tests"
 timeout 150 python3 -m pytest -q -p no:cacheprovider -n 8 tests/gpu/test_kernels.py tests/gpu/test_model_gpu.py \
-  -k "attn_res_settle or router_in_the_settle or pdl_graph or head_gemv or store_latent or latent_store" \
+  -k "attn_res_settle or router_in_the_settle or pdl_graph or head_gemv or store_latent or latent_store or mla_decode" \
   > $OUT/tests.log 2>&1
 echo "rc=$?"; tail -1 $OUT/tests.log; grep -E "^FAILED|^ERROR" $OUT/tests.log | head -8
-s "floor, graph and timeline, ROUTER_IN_SETTLE_MAX_TOKENS=$router LATENT_IN_HEAD_GEMV=$latent"
+s "floor, graph and timeline, ROUTER_IN_SETTLE_MAX_TOKENS=$router LATENT_IN_HEAD_GEMV=$latent COMBINE=$combine"
 timeout 140 python3 -c "
 import runpy, sys
 import kestrel.ops.attn_res as A, kestrel.ops.mla as M
-A.ROUTER_IN_SETTLE_MAX_TOKENS, M.LATENT_IN_HEAD_GEMV = $router, $latent
+A.ROUTER_IN_SETTLE_MAX_TOKENS, M.LATENT_IN_HEAD_GEMV, M.COMBINE_IN_HEAD_GEMV = $router, $latent, $combine
 sys.argv = ['decode_ladder.py', '--skip-hf', '--skip-ladder', '--batches', '1', '--timeline-batches', '1',
             '--timeline-top', '14', '--out', '$OUT']
 runpy.run_path('benchmarks/decode_ladder.py', run_name='__main__')

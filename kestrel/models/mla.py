@@ -104,11 +104,10 @@ class MLAMixer(nn.Module):
         w_uk, w_uv = self._kv_b()
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
         q_lat = mla_ops.head_gemv(q_nope, w_uk.transpose(1, 2), store)  # [T, H, rank]: q_nope through W_uk^T
-        if verify:
-            out_lat = mla_ops.verify_paged(q_lat, q_rope, buf, page_table, seq_lens, self.rank, self.scale)
-        else:
-            out_lat, _ = mla_ops.decode_paged(q_lat, q_rope, buf, page_table, seq_lens, self.rank, self.scale)
-        return mla_ops.head_gemv(out_lat.to(q.dtype), w_uv)  # [T, H, v_dim]
+        if not verify:  # [T, H, v_dim]: the latent output through W_uv
+            return mla_ops.decode_project(q_lat, q_rope, buf, page_table, seq_lens, self.rank, self.scale, w_uv)
+        out_lat = mla_ops.verify_paged(q_lat, q_rope, buf, page_table, seq_lens, self.rank, self.scale)
+        return mla_ops.head_gemv(out_lat.to(q.dtype), w_uv)
 
     def _batched_training(self, q, latent, fb):
         B, L, H = fb.batch_size, fb.extend_lens[0], self.num_heads

@@ -340,6 +340,32 @@ def test_mla_decode(dtype, page_size):
     assert o5.dtype == torch.float64 and rel(o5, o4) < TOL[dtype] and rel(l5, l4) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", DOT_DTYPES)
+@pytest.mark.parametrize("B", [1, 3])
+def test_mla_decode_project(dtype, B):
+    """The paged decode's split results merged inside the W_uv head GEMV (mla_decode_project) against the decode's
+    combine kernel and the head GEMV after it (the same merge and roundings: equal up to the merge's summation
+    order) and against the reference; rows the kernel does not take (too many) go the two-launch way."""
+    from kestrel.ops.mla import reference as R, triton as K
+    H, Rk, Dr, Dv, P, ps = (3, 32, 8, 24, 64, 4) if SMALL else (16, 512, 64, 128, 512, 16)
+    lens = torch.tensor(([5, 33, 1] if SMALL else [17, 300, 2000])[:B], device=DEV)
+    maxp = -(-int(lens.max()) // ps) + 1
+    pt = torch.stack([torch.randperm(P - 1, device=DEV)[:maxp] + 1 for _ in range(B)]).int()
+    kv = rnd(P, ps, Rk + Dr, dtype=dtype)
+    w_uv = rnd(H, Dv, Rk, dtype=dtype, scale=Rk**-0.5)
+    ql, qr = rnd(B, H, Rk, dtype=dtype), rnd(B, H, 24 + Dr, dtype=dtype)[..., 24:]
+    y = K.mla_decode_project(ql, qr, kv, pt, lens, Rk, 0.07, w_uv)
+    two = K.head_gemv(K.mla_decode_paged(ql, qr, kv, pt, lens, Rk, 0.07)[0], w_uv)
+    ref = R.head_gemv(R.mla_decode_paged(ql, qr, kv, pt, lens, Rk, 0.07)[0], w_uv)
+    assert y.shape == (B, H, Dv) and y.dtype == dtype
+    assert rel(y, two) < (1e-6 if dtype == torch.float32 else 1e-2) and rel(y, ref) < TOL[dtype]
+    many = K.HEAD_GEMV_MAX_ROWS + 1
+    qlm, qrm = rnd(many, H, Rk, dtype=dtype), rnd(many, H, Dr, dtype=dtype)
+    ptm, lm = pt[:1].repeat(many, 1), lens[:1].repeat(many)
+    assert torch.equal(K.mla_decode_project(qlm, qrm, kv, ptm, lm, Rk, 0.07, w_uv),
+                       K.head_gemv(K.mla_decode_paged(qlm, qrm, kv, ptm, lm, Rk, 0.07)[0], w_uv))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", [1, 7])
 def test_head_gemv(dtype, T):

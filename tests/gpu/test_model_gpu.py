@@ -64,6 +64,37 @@ def _bit_equal(a, b) -> bool:
     return torch.equal(a[0], b[0]) and all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
 
 
+def _graphed(model, mem):
+    """The batch-1 decode graph's step function (captured under the current settings)."""
+    from kestrel.engine.cuda_graph import DecodeGraphRunner
+
+    runner = DecodeGraphRunner(model, mem, batch_sizes=(1,), max_pages_per_seq=8)
+    runner.capture()
+    return runner.run
+
+
+def _checked_then_pdl_graphs(monkeypatch, model, mem, target, name: str, checked, steps: int) -> dict:
+    """Steps from the same caches: eagerly with target.name replaced by `checked` (which checks each call), then
+    graphed with the original, programmatic dependent launch off and on. Returns _replayed_steps' results under
+    the keys "eager", False and True."""
+    import kestrel.ops as ops
+
+    original = getattr(target, name)
+
+    def eager():
+        monkeypatch.setattr(target, name, checked)
+        return model
+
+    def graphed(pdl):
+        def setup():
+            monkeypatch.setattr(target, name, original)
+            monkeypatch.setattr(ops, "PDL", pdl)
+            return _graphed(model, mem)
+        return setup
+
+    return _replayed_steps(mem, [("eager", eager), (False, graphed(False)), (True, graphed(True))], steps)
+
+
 def rel(a, b):
     a, b = a.double(), b.double()
     assert torch.isfinite(a).all()
@@ -131,7 +162,6 @@ def test_pdl_graph_decode_bit_equals_plain_launches(monkeypatch, route_in_expert
     caches, must give bit-identical logits and states. With the routing as its own launch or inside the expert
     kernels (which read it before their wait either way)."""
     import kestrel.ops as ops
-    from kestrel.engine.cuda_graph import DecodeGraphRunner
     from kestrel.ops import moe as moe_ops
 
     monkeypatch.setattr(moe_ops, "ROUTE_IN_EXPERTS", route_in_experts)
@@ -143,9 +173,7 @@ def test_pdl_graph_decode_bit_equals_plain_launches(monkeypatch, route_in_expert
     def graphed(on):
         def setup():
             monkeypatch.setattr(ops, "PDL", on)
-            runner = DecodeGraphRunner(model, mem, batch_sizes=(1,), max_pages_per_seq=8)
-            runner.capture()
-            return runner.run
+            return _graphed(model, mem)
         return setup
 
     results = _replayed_steps(mem, [(on, graphed(on)) for on in (False, True)], 6)
@@ -159,8 +187,6 @@ def test_router_in_the_settle(monkeypatch):
     the same input (fp32 summation order only) and choose the same experts; graphed with programmatic dependent
     launch on and off, bit-identical logits and states (the expert kernels read the settle's logits before their
     wait: a race would show here)."""
-    import kestrel.ops as ops
-    from kestrel.engine.cuda_graph import DecodeGraphRunner
     from kestrel.models.moe import MoE
     from kestrel.ops import attn_res as attn_res_ops
     from kestrel.ops import moe as moe_ops
@@ -180,20 +206,7 @@ def test_router_in_the_settle(monkeypatch):
         seen.append((rel(logits, own), torch.equal(*chosen)))
         return forward(self, x, training, logits)
 
-    def eager():
-        monkeypatch.setattr(MoE, "forward", checked)
-        return model
-
-    def graphed(pdl):
-        def setup():
-            monkeypatch.setattr(MoE, "forward", forward)
-            monkeypatch.setattr(ops, "PDL", pdl)
-            runner = DecodeGraphRunner(model, mem, batch_sizes=(1,), max_pages_per_seq=8)
-            runner.capture()
-            return runner.run
-        return setup
-
-    results = _replayed_steps(mem, [("eager", eager), (False, graphed(False)), (True, graphed(True))], 4)
+    results = _checked_then_pdl_graphs(monkeypatch, model, mem, MoE, "forward", checked, 4)
     moe_layers = sum(1 for layer in model.model.layers if hasattr(layer, "block_sparse_moe"))
     assert moe_layers and len(seen) == 4 * moe_layers
     assert all(err < 1e-5 and same for err, same in seen), seen
@@ -207,7 +220,6 @@ def test_latent_store_in_the_head_gemv(monkeypatch):
     eagerly (where the store kernel is seen not to run) and graphed with programmatic dependent launch (the
     attention reads the cache after the GEMV's launch finished: a race would show here)."""
     import kestrel.ops as ops
-    from kestrel.engine.cuda_graph import DecodeGraphRunner
     from kestrel.ops import mla as mla_ops
     from kestrel.ops.mla import triton as MK
 
@@ -229,9 +241,7 @@ def test_latent_store_in_the_head_gemv(monkeypatch):
             if not graph:
                 return model
             monkeypatch.setattr(ops, "PDL", True)
-            runner = DecodeGraphRunner(model, mem, batch_sizes=(1,), max_pages_per_seq=8)
-            runner.capture()
-            return runner.run
+            return _graphed(model, mem)
         return setup
 
     # one call: every variant decodes from the same random caches
@@ -242,6 +252,33 @@ def test_latent_store_in_the_head_gemv(monkeypatch):
     assert (True, False) not in stores and (True, True) not in stores, stores
     assert _bit_equal(results[True, False], results[False, False])
     assert _bit_equal(results[True, True], results[False, True])
+
+
+@torch.no_grad()
+def test_combine_in_the_head_gemv(monkeypatch):
+    """A decode step's MLA split results merged inside the W_uv head GEMV (mla.COMBINE_IN_HEAD_GEMV), batch-1 steps
+    from the same caches: eagerly, every MLA layer's attention output within bf16 rounding of the combine kernel +
+    head GEMV pair on the same inputs; graphed with programmatic dependent launch on and off, bit-identical logits
+    and states (the head GEMV reads the split results only after its wait: a race would show here)."""
+    from kestrel.ops import mla as mla_ops
+    from kestrel.ops.mla import triton as MK
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs Hopper or later")
+    cfg, model, mem = _setup(torch.bfloat16, fuse=True)
+    monkeypatch.setattr(mla_ops, "COMBINE_IN_HEAD_GEMV", True)
+    seen, project = [], MK.mla_decode_project
+
+    def checked(q_lat, q_rope, buf, pt, lens, rank, scale, w):
+        y = project(q_lat, q_rope, buf, pt, lens, rank, scale, w)
+        two = MK.head_gemv(MK.mla_decode_paged(q_lat, q_rope, buf, pt, lens, rank, scale)[0], w)
+        seen.append(rel(y, two))
+        return y
+
+    results = _checked_then_pdl_graphs(monkeypatch, model, mem, MK, "mla_decode_project", checked, 3)
+    mla_layers = sum(1 for layer in model.model.layers if hasattr(layer.self_attn, "kv_a_layernorm"))
+    assert mla_layers and len(seen) == 3 * mla_layers and max(seen) < 1e-2, seen
+    assert _bit_equal(results[True], results[False])
 
 
 @torch.no_grad()

@@ -55,6 +55,7 @@ SUBSET = [
     "tests/gpu/test_kernels.py::test_mla_decode[1-dtype0]",
     "tests/gpu/test_kernels.py::test_store_latent[None-dtype1]",
     "tests/gpu/test_kernels.py::test_head_gemv",
+    "tests/gpu/test_kernels.py::test_mla_decode_project[3-dtype0]",
     "tests/gpu/test_kernels.py::test_head_gemv_with_latent_store[False-3-dtype1]",
     "tests/gpu/test_kernels.py::test_attention_with_lse[True-dtype0]",
     "tests/gpu/test_kernels.py::test_route",

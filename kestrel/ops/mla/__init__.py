@@ -29,6 +29,17 @@ def decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank: i
     return fn(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank, scale)
 
 
+def decode_project(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank: int, scale: float, w):
+    """head_gemv(decode_paged(...)[0], w): the decode's attention output through W_uv (w [H, N, R]), [B, H, N].
+    With COMBINE_IN_HEAD_GEMV on a GPU the split results are merged inside the head GEMV (one launch fewer)."""
+    fn = kernel(__name__ + ".triton", "mla_decode_project", q_lat) \
+        if FUSED_ABSORB and COMBINE_IN_HEAD_GEMV else None
+    if fn is not None:
+        return fn(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank, scale, w)
+    out_lat = decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank, scale)[0]
+    return head_gemv(out_lat.to(q_lat.dtype), w)
+
+
 def verify_paged(q_lat, q_rope, kv_buffer, page_table, key_lens, kv_lora_rank: int, scale: float):
     """Absorbed-form attention of B speculative blocks of L tokens (q_lat [B * L, H, R]) over the paged cache,
     block b's tokens through page_table row b, token t over its first key_lens[t] keys: out_lat [B * L, H, R].
@@ -71,3 +82,7 @@ FUSED_ABSORB = True
 # on: a decode step's latent store runs as extra programs of the q_nope head GEMV after it (one launch fewer on the
 # chain per MLA layer); off until measured on a GPU
 LATENT_IN_HEAD_GEMV = False
+
+# on: a decode step's split attention results are merged inside the W_uv head GEMV after them, not by their own
+# combine launch (one launch fewer on the chain per MLA layer); off until measured on a GPU
+COMBINE_IN_HEAD_GEMV = False

@@ -66,19 +66,27 @@ def _decode_split_kernel(ql_ptr, qr_ptr, kv_ptr, pt_ptr, sl_ptr, mo_ptr, ml_ptr,
 
 
 @triton.jit
-def _decode_combine_kernel(mo_ptr, ml_ptr, out_ptr, lse_ptr, R, NS, BR: tl.constexpr, BS: tl.constexpr,
-                           PDL: tl.constexpr):
-    pdl_prologue(PDL)
-    bh = tl.program_id(0).to(tl.int64)
+def _combine_row(mo_ptr, ml_ptr, row, R, NS, BR: tl.constexpr, BS: tl.constexpr):
+    """One (token, head) row's split results merged: (out_lat [BR] fp32, the largest lse, the weights' sum)."""
     rs = tl.arange(0, BS)
     rr = tl.arange(0, BR)
-    lses = tl.load(ml_ptr + bh * NS + rs, mask=rs < NS, other=-float("inf"))
+    lses = tl.load(ml_ptr + row * NS + rs, mask=rs < NS, other=-float("inf"))
     mx = tl.max(lses, 0)
     mx = tl.where(mx == -float("inf"), 0.0, mx)
     wts = tl.exp(lses - mx)
     tot = tl.sum(wts, 0)
-    o = tl.load(mo_ptr + (bh * NS + rs[:, None]) * R + rr[None, :], mask=(rs[:, None] < NS) & (rr[None, :] < R), other=0.0)
-    out = tl.sum(o * wts[:, None], 0) / tot
+    o = tl.load(mo_ptr + (row * NS + rs[:, None]) * R + rr[None, :], mask=(rs[:, None] < NS) & (rr[None, :] < R),
+                other=0.0)
+    return tl.sum(o * wts[:, None], 0) / tot, mx, tot
+
+
+@triton.jit
+def _decode_combine_kernel(mo_ptr, ml_ptr, out_ptr, lse_ptr, R, NS, BR: tl.constexpr, BS: tl.constexpr,
+                           PDL: tl.constexpr):
+    pdl_prologue(PDL)
+    bh = tl.program_id(0).to(tl.int64)
+    rr = tl.arange(0, BR)
+    out, mx, tot = _combine_row(mo_ptr, ml_ptr, bh, R, NS, BR, BS)
     tl.store(out_ptr + bh * R + rr, out.to(out_ptr.dtype.element_ty), mask=rr < R)
     tl.store(lse_ptr + bh, mx + tl.log(tot))
 
@@ -92,16 +100,10 @@ def num_splits(batch: int, head_blocks: int, max_tokens: int) -> int:
     return int(max(1, min(64, triton.cdiv(max_tokens, 32), (2 * NUM_SMS) // max(1, batch * head_blocks))))
 
 
-def mla_decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank: int, scale: float,
-                     rows_per_table: int = 1):
-    """See reference.mla_decode_paged. Returns out_lat [B, H, R] in q_lat's dtype and lse [B, H] fp32.
-    rows_per_table: query rows b read page-table row b // rows_per_table (a verify block's tokens share their
-    request's row, read in place)."""
-    if q_lat.dtype == torch.float64:
-        from kestrel.ops.mla.reference import mla_decode_paged as ref
-        if rows_per_table > 1:
-            page_table = page_table.repeat_interleave(rows_per_table, 0)
-        return ref(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank, scale)
+def _decode_split(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank: int, scale: float,
+                  rows_per_table: int = 1):
+    """The split-K pass of the paged decode (B >= 1 rows): per (row, head, split) out_lat [B, H, NS, R] and lse
+    [B, H, NS], fp32."""
     B, H, R = q_lat.shape
     DR = q_rope.shape[-1]
     P, PS, D = kv_buffer.shape
@@ -113,13 +115,8 @@ def mla_decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_ran
     NS = num_splits(B, HB, MAXP * PS)
     if page_table.stride(1) != 1:
         page_table = page_table.contiguous()
-    dev = q_lat.device
-    mo = torch.empty(B, H, NS, R, dtype=torch.float32, device=dev)
-    ml = torch.empty(B, H, NS, dtype=torch.float32, device=dev)
-    out = torch.empty(B, H, R, dtype=q_lat.dtype, device=dev)
-    lse = torch.empty(B, H, dtype=torch.float32, device=dev)
-    if B == 0:
-        return out, lse
+    mo = torch.empty(B, H, NS, R, dtype=torch.float32, device=q_lat.device)
+    ml = torch.empty(B, H, NS, dtype=torch.float32, device=q_lat.device)
     prec = "ieee" if q_lat.dtype == torch.float32 else "tf32"
     BR = triton.next_power_of_2(R)
     # q_rope is read in place (it is usually the last columns of q): only its rows need not be contiguous
@@ -129,7 +126,31 @@ def mla_decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_ran
         H, R, DR, D, PS, rows_per_table, page_table.stride(0), NS, float(scale), kv_buffer.stride(0), kv_buffer.stride(1), q_rope.stride(0),
         q_rope.stride(1), BH=BH, BR=BR, BDR=max(16, triton.next_power_of_2(DR)),
         BN=32 if BR >= 512 else 64, PREC=prec, num_warps=8 if BR >= 512 else 4, num_stages=2, **pdl_args(kv_buffer))
-    _decode_combine_kernel[(B * H,)](mo, ml, out, lse, R, NS, BR=BR, BS=max(2, triton.next_power_of_2(NS)),
+    return mo, ml
+
+
+def _split_block(NS: int) -> int:
+    return max(2, triton.next_power_of_2(NS))
+
+
+def mla_decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank: int, scale: float,
+                     rows_per_table: int = 1):
+    """See reference.mla_decode_paged. Returns out_lat [B, H, R] in q_lat's dtype and lse [B, H] fp32.
+    rows_per_table: query rows b read page-table row b // rows_per_table (a verify block's tokens share their
+    request's row, read in place)."""
+    if q_lat.dtype == torch.float64:
+        from kestrel.ops.mla.reference import mla_decode_paged as ref
+        if rows_per_table > 1:
+            page_table = page_table.repeat_interleave(rows_per_table, 0)
+        return ref(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank, scale)
+    B, H, R = q_lat.shape
+    out = torch.empty(B, H, R, dtype=q_lat.dtype, device=q_lat.device)
+    lse = torch.empty(B, H, dtype=torch.float32, device=q_lat.device)
+    if B == 0:
+        return out, lse
+    mo, ml = _decode_split(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank, scale, rows_per_table)
+    NS = ml.shape[-1]
+    _decode_combine_kernel[(B * H,)](mo, ml, out, lse, R, NS, BR=triton.next_power_of_2(R), BS=_split_block(NS),
                                      num_warps=4, **pdl_args(mo))
     return out, lse
 
@@ -311,16 +332,18 @@ def store_latent(kv_a, weight, eps: float, rank: int, kv_buffer, loc):
 
 
 @triton.jit
-def _head_gemv_kernel(x_ptr, w_ptr, y_ptr, T, N, K, sxt, sxh, swh, swn, swk, syt, syh,
-                      la_ptr, lw_ptr, loc_ptr, kv_ptr, R, D, stride_la, eps, BN: tl.constexpr, KP: tl.constexpr,
-                      PDL: tl.constexpr, ROW_GRID: tl.constexpr, STORE: tl.constexpr, BR: tl.constexpr,
-                      BD: tl.constexpr):
+def _head_gemv_kernel(x_ptr, w_ptr, y_ptr, T, H, N, K, sxt, sxh, swh, swn, swk, syt, syh,
+                      la_ptr, lw_ptr, loc_ptr, kv_ptr, R, D, stride_la, eps, ml_ptr, NS, BN: tl.constexpr,
+                      KP: tl.constexpr, PDL: tl.constexpr, ROW_GRID: tl.constexpr, STORE: tl.constexpr,
+                      BR: tl.constexpr, BD: tl.constexpr, COMBINE: tl.constexpr, BS: tl.constexpr):
     """y[t, h, n-block] = w[h, n-block, :] . x[t, h, :] for every row t: the [BN, K] weight tile is loaded whole
     before the wait (the weights do not depend on the previous kernel), then each row's x after it.
 
     With STORE, the programs of axis 0's last index (h = H) instead write the rows' latent cache entries
     (_latent_row; the first of them on axis 1, the others return): the store leaves the decode chain, the kernel
-    after this one reading the cache only after it finished."""
+    after this one reading the cache only after it finished. With COMBINE, x is the paged decode's split results
+    (x_ptr: out_lat [T, H, NS, K] fp32, ml_ptr: lse [T, H, NS]), each row merged (_combine_row, as the combine
+    kernel merges it, rounded to y's dtype as its output is) by every program that reads it."""
     h = tl.program_id(0).to(tl.int64)
     if PDL:
         gdc_launch_dependents()
@@ -328,7 +351,7 @@ def _head_gemv_kernel(x_ptr, w_ptr, y_ptr, T, N, K, sxt, sxh, swh, swn, swk, syt
     if ROW_GRID:  # one row per program (grid axis 2)
         t = tl.program_id(2)
         T = t + 1
-    if STORE and h == tl.num_programs(0) - 1:
+    if STORE and h == H:
         if tl.program_id(1) == 0:
             if PDL:
                 gdc_wait()
@@ -343,7 +366,12 @@ def _head_gemv_kernel(x_ptr, w_ptr, y_ptr, T, N, K, sxt, sxh, swh, swn, swk, syt
         if PDL:
             gdc_wait()
         while t < T:  # (a while loop: the interpreter cannot bound a range by an argument that was specialised to 1)
-            x = tl.load(x_ptr + t * sxt + h * sxh + rk, mask=rk < K, other=0.0).to(tl.float32)
+            if COMBINE:
+                row = t * H + h
+                x = _combine_row(x_ptr, ml_ptr, row, K, NS, KP, BS)[0]
+                x = x.to(y_ptr.dtype.element_ty).to(tl.float32)
+            else:
+                x = tl.load(x_ptr + t * sxt + h * sxh + rk, mask=rk < K, other=0.0).to(tl.float32)
             y = tl.sum(w * x[None, :], 1)
             tl.store(y_ptr + t * syt + h * syh + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
             t += 1
@@ -353,12 +381,26 @@ def _head_gemv_kernel(x_ptr, w_ptr, y_ptr, T, N, K, sxt, sxh, swh, swn, swk, syt
 HEAD_GEMV_MAX_ROWS = 8
 
 
+def _head_gemv_launch(x, w, y, T: int, H: int, K: int, store=None, split=None):
+    """The head GEMV's launch over rows of x [T, H, K] (or, with split = (out_lat, lse), the paged decode's split
+    results, merged in the kernel), with store_latent's kernel arguments (store) as extra programs."""
+    N = w.shape[1]
+    KP = triton.next_power_of_2(K)
+    BN = max(1, min(triton.next_power_of_2(N), 8192 // KP))
+    row_grid = T > 1 and linear_ops.small_weight(w)  # each row its own programs, as the linear GEMV gives them
+    sargs = store or ((x, x, x, x, 0, 0, 0, 0.0), dict(BR=1, BD=1))  # without a store: unused (compiled out)
+    ml, NS = (split[1], split[1].shape[-1]) if split is not None else (x, 0)
+    _head_gemv_kernel[(H + (store is not None), triton.cdiv(N, BN), T if row_grid else 1)](
+        x, w, y, T, H, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), y.stride(0), y.stride(1),
+        *sargs[0], ml, NS, BN=BN, KP=KP, ROW_GRID=row_grid, STORE=store is not None, **sargs[1],
+        COMBINE=split is not None, BS=_split_block(NS), num_warps=4, **pdl_args(x))
+
+
 def head_gemv(x, w, store=None):
     """See reference.head_gemv: y[t, h] = w[h] x[t, h], w [H, N, K] in any strides (a transposed view reads the
     weights in place). store: store_latent's arguments for the same rows, written by extra programs of this
     launch (or by store_latent before it where this kernel does not take the rows)."""
     T, H, K = x.shape
-    N = w.shape[1]
     sargs = _store_args(*store) if store is not None else None
     if x.dtype == torch.float64 or T > HEAD_GEMV_MAX_ROWS or x.stride(-1) != 1 or K > 1024 \
             or (store is not None and (sargs is None or store[0].shape[0] != T)):
@@ -366,15 +408,19 @@ def head_gemv(x, w, store=None):
         if store is not None:
             store_latent(*store)
         return ref(x, w)
-    y = torch.empty(T, H, N, dtype=x.dtype, device=x.device)
-    KP = triton.next_power_of_2(K)
-    BN = max(1, min(triton.next_power_of_2(N), 8192 // KP))
-    row_grid = T > 1 and linear_ops.small_weight(w)  # each row its own programs, as the linear GEMV gives them
-    if sargs is None:  # no store: its arguments unused (the branch compiled out)
-        sargs = (x, x, x, x, 0, 0, 0, 0.0), dict(BR=1, BD=1)
+    y = torch.empty(T, H, w.shape[1], dtype=x.dtype, device=x.device)
     if T:
-        _head_gemv_kernel[(H + (store is not None), triton.cdiv(N, BN), T if row_grid else 1)](
-            x, w, y, T, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), y.stride(0),
-            y.stride(1), *sargs[0], BN=BN, KP=KP, ROW_GRID=row_grid, STORE=store is not None, **sargs[1],
-            num_warps=4, **pdl_args(x))
+        _head_gemv_launch(x, w, y, T, H, K, sargs)
+    return y
+
+
+def mla_decode_project(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank: int, scale: float, w):
+    """head_gemv(mla_decode_paged(...)[0], w) (w: W_uv [H, N, R]) with the split results merged inside the head
+    GEMV's programs: no combine launch, no out_lat round trip; each row's merge repeated by its head's programs."""
+    T, H, R = q_lat.shape
+    if q_lat.dtype == torch.float64 or T > HEAD_GEMV_MAX_ROWS or R > 1024 or T == 0:
+        return head_gemv(mla_decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank, scale)[0], w)
+    split = _decode_split(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank, scale)
+    y = torch.empty(T, H, w.shape[1], dtype=q_lat.dtype, device=q_lat.device)
+    _head_gemv_launch(split[0], w, y, T, H, R, split=split)
     return y
