@@ -1,6 +1,6 @@
 """The engine's decode graph under different module settings ("knobs") of the kernels and the model, timed turn about.
 
-    PYTHONPATH=. python benchmarks/decode_knobs.py --knob kestrel.ops.moe.SHARED_STREAM=True,False \
+    PYTHONPATH=. python benchmarks/decode_knobs.py --knob kestrel.ops.moe.SHARED_STREAM=True,False [--knob ...] \
         [--preset k3-mini] [--batches 1,2,4,8] [--prefill-lens 512,4096]
 
 For each batch size the decode graph (`DecodeGraphRunner`, as the engine captures it; programmatic dependent launch
@@ -192,28 +192,31 @@ def fused_model(args):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--knob", required=True, help="module.NAME=value,value,... (Python literals; the first: baseline)")
+    ap.add_argument("--knob", required=True, action="append",
+                    help="module.NAME=value,value,... (Python literals; the first: baseline); repeat it for more "
+                         "knobs, each timed turn about on its own against its first value")
     ap.add_argument("--prefill-lens", default="", help="also one eager full-sequence forward of each length")
     ap.add_argument("--verify-block", type=int, default=0,
                     help="also a speculative verify (blocks of this many tokens) + fold graph at each batch size")
     ap.add_argument("--skip-decode", action="store_true", help="no decode graphs (with --verify-block)")
     common_args(ap, "1,2,4,8")
     args = ap.parse_args()
-    mod, name, values = parse_knob(args.knob)
     cfg, model = fused_model(args)
-    variants = [(f"{name}={v!r}", {(mod, name): v}) for v in values]
-    rows = []
-    for B in map(int, args.batches.split(",")):
-        if not args.skip_decode:
-            rows += compare(model, cfg, B, variants, args.ctx, args.page_size, args.rounds, args.steps)
-        if args.verify_block:
-            rows += compare_verify(model, cfg, B, variants, args.verify_block, args.ctx, args.page_size, args.rounds,
-                                   args.steps)
-    for n in filter(None, args.prefill_lens.split(",")):
-        rows += compare_prefill(model, cfg, int(n), variants, args.rounds)
-    print(f"\nPDL {'off' if args.disable_pdl else 'on'}")
-    print(table(rows, args.preset, variants[0][0]))
-
+    print(f"PDL {'off' if args.disable_pdl else 'on'}")
+    for spec in args.knob:  # each knob its own turn about, on the same model
+        mod, name, values = parse_knob(spec)
+        variants = [(f"{name}={v!r}", {(mod, name): v}) for v in values]
+        rows = []
+        for B in map(int, args.batches.split(",")):
+            if not args.skip_decode:
+                rows += compare(model, cfg, B, variants, args.ctx, args.page_size, args.rounds, args.steps)
+            if args.verify_block:
+                rows += compare_verify(model, cfg, B, variants, args.verify_block, args.ctx, args.page_size,
+                                       args.rounds, args.steps)
+        for n in filter(None, args.prefill_lens.split(",")):
+            rows += compare_prefill(model, cfg, int(n), variants, args.rounds)
+        print()
+        print(table(rows, args.preset, variants[0][0]), flush=True)
 
 if __name__ == "__main__":
     main()

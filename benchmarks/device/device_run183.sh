@@ -4,7 +4,7 @@
 # ROUTER_IN_SETTLE_MAX_TOKENS, 24 launches a step), the MLA latent store inside the q_nope head GEMV
 # (kestrel.ops.mla.LATENT_IN_HEAD_GEMV, 6 a step) and the MLA decode's combine inside the W_uv head GEMV
 # (kestrel.ops.mla.COMBINE_IN_HEAD_GEMV, 6 a step). Each turn about against off; then their tests; then the floor,
-# graph and timeline with the faster settings. About 6-7 minutes on the H200 (either GPU will do for the A/Bs).
+# graph and timeline with the faster settings. About 7 minutes on the H200 (either GPU will do for the A/Bs).
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 s() { echo "== $1 ($(date +%T))"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
@@ -14,21 +14,14 @@ import re
 rows = [(float(t), v) for v, t in re.findall(r'^batch 1 $2=(\S+): ([\d.]+) ms', open('$1').read(), re.M)]
 print(min(rows)[1] if rows else '$3')"
 }
-s "decode_knobs ROUTER_IN_SETTLE_MAX_TOKENS"
-timeout 120 python3 benchmarks/decode_knobs.py --preset k3-mini --batches 1 --rounds 6 \
-  --knob kestrel.ops.attn_res.ROUTER_IN_SETTLE_MAX_TOKENS=0,8 > $OUT/knobs_router.log 2>&1
-echo "rc=$?"; grep -E "^batch|^\| [0-9]" $OUT/knobs_router.log | tail -6
-s "decode_knobs LATENT_IN_HEAD_GEMV"
-timeout 120 python3 benchmarks/decode_knobs.py --preset k3-mini --batches 1 --rounds 6 \
-  --knob kestrel.ops.mla.LATENT_IN_HEAD_GEMV=False,True > $OUT/knobs_latent.log 2>&1
-echo "rc=$?"; grep -E "^batch|^\| [0-9]" $OUT/knobs_latent.log | tail -6
-s "decode_knobs COMBINE_IN_HEAD_GEMV"
-timeout 120 python3 benchmarks/decode_knobs.py --preset k3-mini --batches 1 --rounds 6 \
-  --knob kestrel.ops.mla.COMBINE_IN_HEAD_GEMV=False,True > $OUT/knobs_combine.log 2>&1
-echo "rc=$?"; grep -E "^batch|^\| [0-9]" $OUT/knobs_combine.log | tail -6
-router=$(best $OUT/knobs_router.log ROUTER_IN_SETTLE_MAX_TOKENS 0)
-latent=$(best $OUT/knobs_latent.log LATENT_IN_HEAD_GEMV False)
-combine=$(best $OUT/knobs_combine.log COMBINE_IN_HEAD_GEMV False)
+s "decode_knobs: the three knobs, each turn about against off, batches 1 and 8"
+timeout 300 python3 benchmarks/decode_knobs.py --preset k3-mini --batches 1,8 --rounds 6 \
+  --knob kestrel.ops.attn_res.ROUTER_IN_SETTLE_MAX_TOKENS=0,8 --knob kestrel.ops.mla.LATENT_IN_HEAD_GEMV=False,True \
+  --knob kestrel.ops.mla.COMBINE_IN_HEAD_GEMV=False,True > $OUT/knobs.log 2>&1
+echo "rc=$?"; grep -E "^\| [0-9]" $OUT/knobs.log
+router=$(best $OUT/knobs.log ROUTER_IN_SETTLE_MAX_TOKENS 0)
+latent=$(best $OUT/knobs.log LATENT_IN_HEAD_GEMV False)
+combine=$(best $OUT/knobs.log COMBINE_IN_HEAD_GEMV False)
 s "kernel and model tests"
 timeout 150 python3 -m pytest -q -p no:cacheprovider -n 8 tests/gpu/test_kernels.py tests/gpu/test_model_gpu.py \
   -k "attn_res_settle or router_in_the_settle or pdl_graph or head_gemv or store_latent or latent_store or mla_decode" \
