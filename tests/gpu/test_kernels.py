@@ -314,7 +314,7 @@ def test_launch_keys_on_what_triton_specialises():
 
 @pytest.mark.parametrize("dtype", DOT_DTYPES)
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_mla_decode(dtype, page_size):
+def test_mla_decode(dtype, page_size, monkeypatch):
     from kestrel.ops.mla import reference as R, triton as K
     B, H, Rk, Dr, P = (3, 4, 32, 8, 64) if SMALL else (5, 16, 512, 64, 4096)
     lens = torch.tensor([5, 33, 1] if SMALL else [1, 17, 300, 2000, 4000], device=DEV)
@@ -326,6 +326,10 @@ def test_mla_decode(dtype, page_size):
     o1, l1 = R.mla_decode_paged(ql, qr, kv, pt, lens, Rk, 0.07)
     o2, l2 = K.mla_decode_paged(ql, qr, kv, pt, lens, Rk, 0.07)
     assert rel(o2, o1) < TOL[dtype] and rel(l2, l1) < TOL[dtype]
+    # the first block of keys read before the wait, the newest key after it: the same values in the same order
+    monkeypatch.setattr(K, "EARLY_KV", not K.EARLY_KV)
+    o6, l6 = K.mla_decode_paged(ql, qr, kv, pt, lens, Rk, 0.07)
+    assert torch.equal(o6, o2) and torch.equal(l6, l2)
     # a verify block's form: query rows 2 b and 2 b + 1 read table row b in place (rows of a wider table), as the
     # table repeated row by row reads it, each over its own key count
     Bt = max(1, B // 2)

@@ -282,6 +282,32 @@ def test_combine_in_the_head_gemv(monkeypatch):
 
 
 @torch.no_grad()
+def test_early_kv_reads(monkeypatch):
+    """The MLA decode's split kernel reading its first block of cached latents before its PDL wait
+    (mla.triton.EARLY_KV; the newest key after it, since this step's store may still be running): batch-1 graphed
+    steps from the same caches give bit-identical logits, caches and states with it off and on, and with PDL off
+    and on (a latent read before its store finished would show here)."""
+    import kestrel.ops as ops
+    from kestrel.ops.mla import triton as MK
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs Hopper or later")
+    cfg, model, mem = _setup(torch.bfloat16, fuse=True)
+
+    def graphed(early, pdl):
+        def setup():
+            monkeypatch.setattr(MK, "EARLY_KV", early)
+            monkeypatch.setattr(ops, "PDL", pdl)
+            return _graphed(model, mem)
+        return setup
+
+    keys = [(False, True), (True, False), (True, True)]
+    results = _replayed_steps(mem, [(k, graphed(*k)) for k in keys], 4)
+    assert _bit_equal(results[True, True], results[False, True])
+    assert _bit_equal(results[True, True], results[True, False])
+
+
+@torch.no_grad()
 def test_paired_moe_tail_bit_equals_two_gemvs(monkeypatch):
     """At batch 1 the latent MoE's up projection and the shared experts' down projection run as one paired GEMV:
     decode steps from the same caches give bit-identical logits and states with the pair and with the two GEMVs,

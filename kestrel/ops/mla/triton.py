@@ -13,14 +13,36 @@ from kestrel.ops import pdl_args
 from kestrel.ops.triton_utils import pdl_prologue
 
 NUM_SMS = 132
+# on: the paged decode's split kernel reads its first block of cached latents before its PDL wait (all but each
+# row's newest key, read after it); off until measured on a GPU
+EARLY_KV = False
+
+
+@triton.jit
+def _split_block_step(ql, qr, c, kr, ok, m, l, acc, scale, PREC: tl.constexpr):
+    """One block of keys into the online softmax state (m, l, acc) of a split."""
+    s = tl.dot(ql, tl.trans(c), input_precision=PREC) + tl.dot(qr, tl.trans(kr), input_precision=PREC)
+    s = tl.where(ok[None, :], s * scale, -float("inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l = l * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=PREC)
+    return m_new, l, acc
 
 
 @triton.jit
 def _decode_split_kernel(ql_ptr, qr_ptr, kv_ptr, pt_ptr, sl_ptr, mo_ptr, ml_ptr,
                          H, R, DR, D, PS, TPR, stride_pt, NS, scale, stride_page, stride_tok, stride_qrb, stride_qrh,
                          BH: tl.constexpr, BR: tl.constexpr, BDR: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
-                         PDL: tl.constexpr):
-    pdl_prologue(PDL)
+                         PDL: tl.constexpr, EARLY: tl.constexpr):
+    """Split sid of row b's keys for a block of BH heads, merged later by the combine.
+
+    With EARLY (one query row per table row, TPR = 1), the split's first block of keys is read before the wait: the
+    page table, the lengths and the cached latents of earlier steps do not depend on the kernels before this one;
+    only the row's newest key (position seq_len - 1, stored by this step) is read again after the wait."""
+    if PDL:
+        gdc_launch_dependents()
     b = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
     sid = tl.program_id(2)
@@ -29,10 +51,7 @@ def _decode_split_kernel(ql_ptr, qr_ptr, kv_ptr, pt_ptr, sl_ptr, mo_ptr, ml_ptr,
     rr = tl.arange(0, BR)
     rd = tl.arange(0, BDR)
     rn = tl.arange(0, BN)
-    ql = tl.load(ql_ptr + (b * H + heads[:, None]) * R + rr[None, :], mask=hm[:, None] & (rr[None, :] < R), other=0.0)
-    qr = tl.load(qr_ptr + b * stride_qrb + heads[:, None] * stride_qrh + rd[None, :],
-                 mask=hm[:, None] & (rd[None, :] < DR), other=0.0)
-    dt = ql.dtype
+    dt = ql_ptr.dtype.element_ty
     seq_len = tl.load(sl_ptr + b).to(tl.int32)
     split = tl.cdiv(tl.cdiv(seq_len, NS), BN) * BN
     start = sid * split
@@ -41,6 +60,28 @@ def _decode_split_kernel(ql_ptr, qr_ptr, kv_ptr, pt_ptr, sl_ptr, mo_ptr, ml_ptr,
     l = tl.zeros([BH], tl.float32)
     acc = tl.zeros([BH, BR], tl.float32)
     n = start
+    if EARLY:
+        pos = n + rn
+        ok = pos < end
+        page = tl.load(pt_ptr + (b // TPR) * stride_pt + pos // PS, mask=ok, other=0).to(tl.int64)
+        row = page * stride_page + (pos % PS) * stride_tok
+        c_ptrs = kv_ptr + row[:, None] + rr[None, :]
+        r_ptrs = kv_ptr + row[:, None] + R + rd[None, :]
+        old = ok & (pos < seq_len - 1)
+        c = tl.load(c_ptrs, mask=old[:, None] & (rr[None, :] < R), other=0.0)
+        kr = tl.load(r_ptrs, mask=old[:, None] & (rd[None, :] < DR), other=0.0)
+    if PDL:
+        gdc_wait()
+    ql = tl.load(ql_ptr + (b * H + heads[:, None]) * R + rr[None, :], mask=hm[:, None] & (rr[None, :] < R), other=0.0)
+    qr = tl.load(qr_ptr + b * stride_qrb + heads[:, None] * stride_qrh + rd[None, :],
+                 mask=hm[:, None] & (rd[None, :] < DR), other=0.0)
+    if EARLY:
+        if n < end:
+            new = pos == seq_len - 1
+            c = tl.load(c_ptrs, mask=new[:, None] & (rr[None, :] < R), other=c).to(dt)
+            kr = tl.load(r_ptrs, mask=new[:, None] & (rd[None, :] < DR), other=kr).to(dt)
+            m, l, acc = _split_block_step(ql, qr, c, kr, ok, m, l, acc, scale, PREC)
+        n += BN
     while n < end:
         pos = n + rn
         ok = pos < end
@@ -48,14 +89,7 @@ def _decode_split_kernel(ql_ptr, qr_ptr, kv_ptr, pt_ptr, sl_ptr, mo_ptr, ml_ptr,
         row = page * stride_page + (pos % PS) * stride_tok
         c = tl.load(kv_ptr + row[:, None] + rr[None, :], mask=ok[:, None] & (rr[None, :] < R), other=0.0).to(dt)
         kr = tl.load(kv_ptr + row[:, None] + R + rd[None, :], mask=ok[:, None] & (rd[None, :] < DR), other=0.0).to(dt)
-        s = tl.dot(ql, tl.trans(c), input_precision=PREC) + tl.dot(qr, tl.trans(kr), input_precision=PREC)
-        s = tl.where(ok[None, :], s * scale, -float("inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(dt), c, input_precision=PREC)
-        m = m_new
+        m, l, acc = _split_block_step(ql, qr, c, kr, ok, m, l, acc, scale, PREC)
         n += BN
     has = l > 0
     out = acc / tl.where(has, l, 1.0)[:, None]
@@ -125,7 +159,8 @@ def _decode_split(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank: 
         q_lat.contiguous(), q_rope, kv_buffer, page_table, seq_lens, mo, ml,
         H, R, DR, D, PS, rows_per_table, page_table.stride(0), NS, float(scale), kv_buffer.stride(0), kv_buffer.stride(1), q_rope.stride(0),
         q_rope.stride(1), BH=BH, BR=BR, BDR=max(16, triton.next_power_of_2(DR)),
-        BN=32 if BR >= 512 else 64, PREC=prec, num_warps=8 if BR >= 512 else 4, num_stages=2, **pdl_args(kv_buffer))
+        BN=32 if BR >= 512 else 64, PREC=prec, EARLY=EARLY_KV and rows_per_table == 1,
+        num_warps=8 if BR >= 512 else 4, num_stages=2, **pdl_args(kv_buffer))
     return mo, ml
 
 
