@@ -73,7 +73,7 @@ def head_gemv(x, w, store=None):
         store = None
     if fn is None:
         return reference.head_gemv(x, w)
-    return fn(x, w, store) if store is not None else fn(x, w)
+    return fn(x, w, store)
 
 
 # off: the absorbed projections run as batched matmuls (the decode ladder's "before" stage)
