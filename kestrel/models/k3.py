@@ -18,7 +18,7 @@ from kestrel.models.layers.norm import RMSNorm
 from kestrel.models.mla import MLAMixer
 from kestrel.models.moe import MoE, DenseFFN, activation
 from kestrel.ops import reference_ops
-from kestrel.ops.attn_res import attn_res, attn_res_settle, attn_res_settle_router
+from kestrel.ops.attn_res import attn_res, attn_res_settle
 from kestrel.ops import norm as norm_ops
 from kestrel.ops.norm import add_rms_norm
 
@@ -53,9 +53,8 @@ class DecoderLayer(nn.Module):
             self.attn_res = AttnResSite(D, dtype)
             self.mlp_res = AttnResSite(D, dtype)
 
-    def ffn(self, x: torch.Tensor, training: bool = False, logits: torch.Tensor | None = None) -> torch.Tensor:
-        """logits: the MoE router's logits of x, when the settle before formed them."""
-        return self.block_sparse_moe(x, training, logits) if hasattr(self, "block_sparse_moe") else self.mlp(x)
+    def ffn(self, x: torch.Tensor, training: bool = False) -> torch.Tensor:
+        return self.block_sparse_moe(x, training) if hasattr(self, "block_sparse_moe") else self.mlp(x)
 
 
 # off: the embedding lookup and the first layer's input norm as two ops (two launches on a GPU)
@@ -82,23 +81,19 @@ class K3Model(nn.Module):
     def aggregate(self, site: AttnResSite, bank: list[torch.Tensor], partial: torch.Tensor) -> torch.Tensor:
         return attn_res(bank + [partial], site.vector(), self.cfg.rms_norm_eps)
 
-    def _settle(self, site, norm: RMSNorm, bank, partial, delta, router=None):
+    def _settle(self, site, norm: RMSNorm, bank, partial, delta):
         """Apply the pending sublayer output `delta` to the stream and pre-norm the next sublayer's input, fused on
-        GPU: AttnRes aggregation + RMSNorm, or residual add + RMSNorm. Returns (partial, normed input, the router's
-        logits of it or None). router: the next sublayer's MoE router, whose logits the AttnRes settle may form."""
+        GPU: AttnRes aggregation + RMSNorm, or residual add + RMSNorm. Returns (partial, normed input)."""
         if site is not None and bank:
             # every sublayer's last kernel launches its dependents only after its own wait (late_trigger), so the
             # settle may read the bank and the partial sum before it waits for delta
-            args = (bank, partial, delta, site.norm_weight, site.proj_weight[0], self.cfg.rms_norm_eps, norm.weight,
-                    norm.eps)
-            if router is not None:
-                return attn_res_settle_router(*args, router.weight, early=delta is not None)
-            return (*attn_res_settle(*args, early=delta is not None), None)
+            return attn_res_settle(bank, partial, delta, site.norm_weight, site.proj_weight[0], self.cfg.rms_norm_eps,
+                                   norm.weight, norm.eps, early=delta is not None)
         if delta is not None:
             if site is None:
-                return (*add_rms_norm(partial, delta, norm.weight, norm.eps), None)
+                return add_rms_norm(partial, delta, norm.weight, norm.eps)
             partial = delta if partial is None else partial + delta
-        return partial, norm(partial), None
+        return partial, norm(partial)
 
     def forward(self, fb: ForwardBatch) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         block = self.cfg.attn_res_block_size
@@ -117,22 +112,20 @@ class K3Model(nn.Module):
         pending = None
         for l, layer in enumerate(self.layers):
             if l:
-                partial, x, _ = self._settle(layer.attn_res if block else None, layer.input_layernorm, bank, partial,
-                                             delta)
+                partial, x = self._settle(layer.attn_res if block else None, layer.input_layernorm, bank, partial,
+                                          delta)
             if pending is not None:
                 captured[pending], pending = partial, None
             if block and l % block == 0:
                 bank.append(partial)
                 partial = None
             delta = layer.self_attn(x, fb)
-            moe = getattr(layer, "block_sparse_moe", None)
-            router = moe.gate if moe is not None and not fb.training else None
-            partial, y, logits = self._settle(layer.mlp_res if block else None, layer.post_attention_layernorm, bank,
-                                              partial, delta, router)
-            delta = layer.ffn(y, fb.training, logits)
+            partial, y = self._settle(layer.mlp_res if block else None, layer.post_attention_layernorm, bank, partial,
+                                      delta)
+            delta = layer.ffn(y, fb.training)
             if l in fb.capture_layers:
                 pending = l
-        partial, h, _ = self._settle(self.output_attn_res if block else None, self.norm, bank, partial, delta)
+        partial, h = self._settle(self.output_attn_res if block else None, self.norm, bank, partial, delta)
         if pending is not None:
             captured[pending] = partial
         return h, captured

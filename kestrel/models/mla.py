@@ -65,21 +65,17 @@ class MLAMixer(nn.Module):
         q, latent = self.query(x, q_a), None
         kv_a = self.kv_a_proj_with_mqa(x) if kv_a is None else kv_a
         norm = self.kv_a_layernorm
-        store = None
         if fb.mem is not None:
-            # served from the cache: the new tokens' latents go straight into it (one kernel on the GPU; in a
-            # decode or verify step, possibly inside the absorbed query's launch)
+            # served from the cache: the new tokens' latents go straight into it (one kernel on the GPU)
             buf = fb.mem.kv_buffer(self.layer_id)
-            store = (kv_a, norm.weight, norm.eps, self.rank, buf, fb.out_cache_loc)
-            if fb.mode not in (ForwardMode.DECODE, ForwardMode.VERIFY):
-                mla_ops.store_latent(*store)
+            mla_ops.store_latent(kv_a, norm.weight, norm.eps, self.rank, buf, fb.out_cache_loc)
         else:
             latent = mla_ops.latent_entries(kv_a, norm.weight, norm.eps, self.rank)  # [T, rank + rope]
         if fb.mode == ForwardMode.DECODE and fb.mem is not None:
-            o = self._decode(q, buf, fb.page_table, fb.seq_lens_tensor(), store=store)
+            o = self._decode(q, buf, fb.page_table, fb.seq_lens_tensor())
         elif fb.mode == ForwardMode.VERIFY:
             # every verify token is a query over its own key count, through its block's page-table row
-            o = self._decode(q, buf, fb.page_table, fb.verify_key_lens(), verify=True, store=store)
+            o = self._decode(q, buf, fb.page_table, fb.verify_key_lens(), verify=True)
         elif (split := fb.split_decode_rows()) is not None:
             # a mixed batch: decode rows in one batched paged decode, prefill rows one sequence at a time
             o = q.new_empty(q.shape[0], self.num_heads, self.v_dim)
@@ -97,13 +93,12 @@ class MLAMixer(nn.Module):
             return self.o_proj.forward_with(pro, late_trigger=True)
         return self.o_proj(o, late_trigger=True)
 
-    def _decode(self, q, buf, page_table, seq_lens, verify: bool = False, store=None):
+    def _decode(self, q, buf, page_table, seq_lens, verify: bool = False):
         """Absorbed-form attention of one query token per page-table row over its first seq_lens keys (with
-        verify, of equal blocks of query tokens per row, each over its own key count). store: the rows' latent
-        store (mla_ops.store_latent's arguments), done before the attention reads the cache."""
+        verify, of equal blocks of query tokens per row, each over its own key count)."""
         w_uk, w_uv = self._kv_b()
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
-        q_lat = mla_ops.head_gemv(q_nope, w_uk.transpose(1, 2), store)  # [T, H, rank]: q_nope through W_uk^T
+        q_lat = mla_ops.head_gemv(q_nope, w_uk.transpose(1, 2))  # [T, H, rank]: q_nope through W_uk^T
         if not verify:  # [T, H, v_dim]: the latent output through W_uv
             return mla_ops.decode_project(q_lat, q_rope, buf, page_table, seq_lens, self.rank, self.scale, w_uv)
         out_lat = mla_ops.verify_paged(q_lat, q_rope, buf, page_table, seq_lens, self.rank, self.scale)

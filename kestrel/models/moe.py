@@ -101,8 +101,7 @@ class MoE(nn.Module):
             self._fused = FusedLinears(self.routed_expert_down_proj, se.gate_proj, se.up_proj)
             se.fused_by_parent = True
 
-    def forward(self, x: torch.Tensor, training: bool = False, logits: torch.Tensor | None = None) -> torch.Tensor:
-        """logits: the router's logits of x, when the caller formed them (the AttnRes settle before the MoE)."""
+    def forward(self, x: torch.Tensor, training: bool = False) -> torch.Tensor:
         fused = getattr(self, "_fused", None)
         fused = fused if fused is not None and fused.valid() else None
         latent, shared = hasattr(self, "routed_expert_up_proj"), hasattr(self, "shared_experts")
@@ -114,8 +113,7 @@ class MoE(nn.Module):
             beside.wait_stream(main)
             with torch.cuda.stream(beside):
                 shared_y = self.shared_experts(x, fused.part(x, 1, 3) if fused is not None else None)
-        if logits is None:
-            logits = self.gate.logits(x)  # routing reads x, not the latent
+        logits = self.gate.logits(x)  # routing reads x, not the latent
         routing = self.gate.routing()
         # routed now, before the front end's late-trigger GEMM, unless the expert kernels choose the experts
         # themselves (the expert kernels may read the routing before their wait: it must be finished by then)

@@ -68,30 +68,6 @@ def test_attn_res_settle(dtype, n, form):
     assert rel(z1, z2) < TOL[dtype]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n", [2, 6])
-@pytest.mark.parametrize("early", [False, True])
-def test_attn_res_settle_router(dtype, n, early):
-    """The settle forming the MoE router's logits too (one launch of cdiv(E, values) programs a row): the partial sum
-    and the normed row bit-equal to the plain settle's, the fp32 logits those of the normed row as stored (a
-    torch product in float64 as the oracle), every expert written (E not a multiple of the programs' slices)."""
-    from kestrel.ops.attn_res import triton as K
-    D, E = (64, 20) if SMALL else (2048, 128)
-    bank = [rnd(3, D, dtype=dtype) for _ in range(n)]
-    p, d = rnd(3, D, dtype=dtype), rnd(3, D, dtype=dtype)
-    kn, kp, nw = rnd(D, dtype=dtype), rnd(D, dtype=dtype, scale=D**-0.5), rnd(D, dtype=dtype)
-    router = rnd(E, D, scale=D**-0.5)  # fp32, as the model keeps it
-    p1, z1 = K.attn_res_settle(bank, p, d, kn, kp, 1e-5, nw, 1e-6, early=early)
-    p2, z2, lg = K.attn_res_settle_router(bank, p, d, kn, kp, 1e-5, nw, 1e-6, router, early=early)
-    assert torch.equal(p2, p1) and torch.equal(z2, z1)
-    assert lg.shape == (3, E) and lg.dtype == torch.float32
-    assert rel(lg, z1.double() @ router.double().T) < 1e-5
-    # one delta only (no partial sum): the settle writes no partial of its own
-    p3, z3, lg3 = K.attn_res_settle_router(bank, None, d, kn, kp, 1e-5, nw, 1e-6, router, early=early)
-    assert torch.equal(p3, d) and torch.equal(z3, K.attn_res_settle(bank, None, d, kn, kp, 1e-5, nw, 1e-6)[1])
-    assert rel(lg3, z3.double() @ router.double().T) < 1e-5
-
-
 def _beta(shape, logits: bool, dtype):
     """beta in (0, 1), or (logits) row-strided beta logits in the activation dtype, as the fused projection gives."""
     if not logits:
@@ -408,34 +384,6 @@ def test_store_latent(dtype, cache_dtype):
     others = torch.ones(P * ps, dtype=torch.bool, device=DEV)
     others[loc] = False
     assert bool((flat[1][others] == 7.0).all()), "a slot outside loc was written"
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("T", [1, 3])
-@pytest.mark.parametrize("small", [False, True])
-def test_head_gemv_with_latent_store(dtype, T, small):
-    """The latent store as extra programs of the q_nope head GEMV: y bit-equal to the GEMV alone, the cache entries
-    bit-equal to the store kernel's, no other slot written; a small weight (one row per program) takes each row's
-    store in that row's programs."""
-    from kestrel.ops.mla import triton as K
-    H, Dn, Rk, Dr, P, ps = (3, 16, 32, 8, 6, 4) if SMALL else (16, 128, 512, 64, 40, 16)
-    w = rnd(H, Rk, Dn, dtype=dtype)[:, : (8 if small else Rk)]  # W_uk^T's rows (a short slice: a small weight)
-    q = rnd(T, H, Dn + 8, dtype=dtype)[..., :Dn]
-    wide = rnd(T, 24 + Rk + Dr + 16, dtype=dtype)  # kv_a as the middle columns of a fused GEMM's output
-    kv_a, nw = wide[:, 24 : 24 + Rk + Dr], rnd(Rk, dtype=dtype)
-    loc = torch.randperm(P * ps, device=DEV)[:T]
-    bufs = [torch.full((P, ps, Rk + Dr), 7.0, dtype=dtype, device=DEV) for _ in range(2)]
-    K.store_latent(kv_a, nw, 1e-6, Rk, bufs[0], loc)
-    y = K.head_gemv(q, w, (kv_a, nw, 1e-6, Rk, bufs[1], loc))
-    assert torch.equal(y, K.head_gemv(q, w))
-    assert torch.equal(bufs[1], bufs[0]), "the cache differs from the store kernel's (or a slot outside loc)"
-    # rows the kernel does not take (too many): the store still happens, before the reference product
-    many = K.HEAD_GEMV_MAX_ROWS + 1
-    qm, kvm = rnd(many, H, Dn, dtype=dtype), rnd(many, Rk + Dr, dtype=dtype)
-    locm = torch.randperm(P * ps, device=DEV)[:many]
-    K.store_latent(kvm, nw, 1e-6, Rk, bufs[0], locm)
-    K.head_gemv(qm, w, (kvm, nw, 1e-6, Rk, bufs[1], locm))
-    assert torch.equal(bufs[1], bufs[0])
 
 
 @pytest.mark.parametrize("dtype", DOT_DTYPES)

@@ -181,92 +181,19 @@ def test_pdl_graph_decode_bit_equals_plain_launches(monkeypatch, route_in_expert
 
 
 @torch.no_grad()
-def test_router_in_the_settle(monkeypatch):
-    """The MoE router's logits formed by the AttnRes settle before it (attn_res.ROUTER_IN_SETTLE_MAX_TOKENS), batch-1
-    decode steps from the same caches: eagerly, every MoE layer receives logits that match its router's own GEMV of
-    the same input (fp32 summation order only) and choose the same experts; graphed with programmatic dependent
-    launch on and off, bit-identical logits and states (the expert kernels read the settle's logits before their
-    wait: a race would show here)."""
-    from kestrel.models.moe import MoE
-    from kestrel.ops import attn_res as attn_res_ops
-    from kestrel.ops import moe as moe_ops
-
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("programmatic dependent launch needs Hopper or later")
-    cfg, model, mem = _setup(torch.bfloat16, fuse=True)
-    monkeypatch.setattr(attn_res_ops, "ROUTER_IN_SETTLE_MAX_TOKENS", 4)
-    seen = []
-    forward = MoE.forward
-
-    def checked(self, x, training=False, logits=None):
-        own = self.gate.logits(x)
-        r = self.gate.routing()
-        chosen = [moe_ops.route(lg, r.correction_bias, r.top_k, r.renormalize, r.scaling)[1].sort(-1).values
-                  for lg in (logits, own)]
-        seen.append((rel(logits, own), torch.equal(*chosen)))
-        return forward(self, x, training, logits)
-
-    results = _checked_then_pdl_graphs(monkeypatch, model, mem, MoE, "forward", checked, 4)
-    moe_layers = sum(1 for layer in model.model.layers if hasattr(layer, "block_sparse_moe"))
-    assert moe_layers and len(seen) == 4 * moe_layers
-    assert all(err < 1e-5 and same for err, same in seen), seen
-    assert _bit_equal(results[True], results[False])
-
-
-@torch.no_grad()
-def test_latent_store_in_the_head_gemv(monkeypatch):
-    """A decode step's MLA latent store as extra programs of the q_nope head GEMV (mla.LATENT_IN_HEAD_GEMV):
-    batch-1 steps from the same caches give logits, caches and states bit-identical to the separate store kernel's,
-    eagerly (where the store kernel is seen not to run) and graphed with programmatic dependent launch (the
-    attention reads the cache after the GEMV's launch finished: a race would show here)."""
-    import kestrel.ops as ops
-    from kestrel.ops import mla as mla_ops
-    from kestrel.ops.mla import triton as MK
-
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("programmatic dependent launch needs Hopper or later")
-    cfg, model, mem = _setup(torch.bfloat16, fuse=True)
-    stores, store, current = {}, MK.store_latent, [None]  # store kernel launches per variant
-
-    def counted(*a):
-        stores[current[0]] = stores.get(current[0], 0) + 1
-        return store(*a)
-
-    monkeypatch.setattr(MK, "store_latent", counted)
-
-    def variant(on, graph):
-        def setup():
-            current[0] = (on, graph)
-            monkeypatch.setattr(mla_ops, "LATENT_IN_HEAD_GEMV", on)
-            if not graph:
-                return model
-            monkeypatch.setattr(ops, "PDL", True)
-            return _graphed(model, mem)
-        return setup
-
-    # one call: every variant decodes from the same random caches
-    keys = [(on, graph) for graph in (False, True) for on in (False, True)]
-    results = _replayed_steps(mem, [(k, variant(*k)) for k in keys], 3)
-    mla_layers = sum(1 for layer in model.model.layers if hasattr(layer.self_attn, "kv_a_layernorm"))
-    assert mla_layers and stores.get((False, False)) == 3 * mla_layers and (False, True) in stores, stores
-    assert (True, False) not in stores and (True, True) not in stores, stores
-    assert _bit_equal(results[True, False], results[False, False])
-    assert _bit_equal(results[True, True], results[False, True])
-
-
-@torch.no_grad()
 def test_combine_in_the_head_gemv(monkeypatch):
-    """A decode step's MLA split results merged inside the W_uv head GEMV (mla.COMBINE_IN_HEAD_GEMV), batch-1 steps
-    from the same caches: eagerly, every MLA layer's attention output within bf16 rounding of the combine kernel +
-    head GEMV pair on the same inputs; graphed with programmatic dependent launch on and off, bit-identical logits
-    and states (the head GEMV reads the split results only after its wait: a race would show here)."""
+    """A decode step's MLA split results merged inside the W_uv head GEMV (mla.COMBINE_IN_HEAD_GEMV_MAX_ROWS),
+    batch-1 steps from the same caches: eagerly, every MLA layer's attention output within bf16 rounding of the
+    combine kernel + head GEMV pair on the same inputs; graphed with programmatic dependent launch on and off,
+    bit-identical logits and states (the head GEMV reads the split results only after its wait: a race would show
+    here)."""
     from kestrel.ops import mla as mla_ops
     from kestrel.ops.mla import triton as MK
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs Hopper or later")
     cfg, model, mem = _setup(torch.bfloat16, fuse=True)
-    monkeypatch.setattr(mla_ops, "COMBINE_IN_HEAD_GEMV", True)
+    monkeypatch.setattr(mla_ops, "COMBINE_IN_HEAD_GEMV_MAX_ROWS", 1)
     seen, project = [], MK.mla_decode_project
 
     def checked(q_lat, q_rope, buf, pt, lens, rank, scale, w):

@@ -1,7 +1,5 @@
 """Attention-residual aggregation, dispatched by device."""
 
-import torch
-
 from kestrel.ops import kernel
 from kestrel.ops.attn_res import reference
 
@@ -33,24 +31,3 @@ def attn_res_settle(bank, partial, delta, key_norm, key_proj, eps: float, norm_w
 
 # off: the settle waits before reading anything (the decode ladder's "before" stage)
 EARLY_SETTLE = True
-
-
-# the MoE router's logits inside the settle before it (GPU, batches of up to this many tokens; 0: off): each row's
-# settle runs in cdiv(E, values) programs that each form a slice of the logits, so the router needs no GEMV launch of
-# its own on the decode chain (each program repeats the row's settle: a cost that grows with the tokens)
-ROUTER_IN_SETTLE_MAX_TOKENS = 0
-
-
-def attn_res_settle_router(bank, partial, delta, key_norm, key_proj, eps: float, norm_weight, norm_eps: float,
-                           router_weight, early: bool = False):
-    """attn_res_settle and, on GPU for a few tokens (ROUTER_IN_SETTLE_MAX_TOKENS), in the same kernel the router's
-    logits of the normed rows, linear(normed, router_weight) (fp32 [T, E] for an fp32 [E, D] weight; they differ from
-    the router GEMV's by fp32 summation order only): (partial, normed, logits or None where they were not formed,
-    for the caller's router to form)."""
-    x = partial if partial is not None else delta
-    fn = kernel(__name__ + ".triton", "attn_res_settle_router", x)
-    if (fn is not None and x.numel() <= ROUTER_IN_SETTLE_MAX_TOKENS * x.shape[-1] and x.dtype != torch.float64
-            and router_weight.dtype == torch.float32 and router_weight.is_contiguous()):
-        return fn(bank, partial, delta, key_norm, key_proj, eps, norm_weight, norm_eps, router_weight,
-                  early and EARLY_SETTLE)
-    return (*attn_res_settle(bank, partial, delta, key_norm, key_proj, eps, norm_weight, norm_eps, early), None)

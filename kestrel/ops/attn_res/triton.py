@@ -13,21 +13,17 @@ from kestrel.ops import pdl_args
 
 
 @triton.jit
-def _attn_res_kernel(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, out_ptr, nw_ptr, norm_ptr, rw_ptr, lg_ptr, D, E,
-                     eps, norm_eps, NB: tl.constexpr, HAS_P: tl.constexpr, HAS_D: tl.constexpr,
-                     HAS_W2: tl.constexpr, HAS_OUT: tl.constexpr, HAS_NORM: tl.constexpr, NPAD: tl.constexpr,
-                     BLOCK: tl.constexpr, EARLY: tl.constexpr, ROUTER: tl.constexpr, PDL: tl.constexpr):
+def _attn_res_kernel(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, out_ptr, nw_ptr, norm_ptr, D, eps, norm_eps,
+                     NB: tl.constexpr, HAS_P: tl.constexpr, HAS_D: tl.constexpr, HAS_W2: tl.constexpr,
+                     HAS_OUT: tl.constexpr, HAS_NORM: tl.constexpr, NPAD: tl.constexpr, BLOCK: tl.constexpr,
+                     EARLY: tl.constexpr, PDL: tl.constexpr):
     """EARLY (every kernel before the one that wrote delta has finished when this one starts: see
-    attn_res_settle): the bank, the partial sum and their logits before waiting, only delta after. ROUTER (with
-    HAS_NORM): program (row, j) also forms the router's fp32 logits of experts [j NPAD, (j + 1) NPAD) from the
-    normed row (rw_ptr: the [E, D] router weight, read before the wait); every program of a row computes the same
-    settle, and the first stores it."""
+    attn_res_settle): the bank, the partial sum and their logits before waiting, only delta after."""
     if PDL:
         gdc_launch_dependents()
         if not EARLY:
             gdc_wait()
     row = tl.program_id(0).to(tl.int64)
-    first = tl.program_id(1) == 0  # (only the first program of a row stores the settle's outputs)
     # every vector is a [1, BLOCK] row in the [NPAD, BLOCK] tile's layout: the values go into the tile and the
     # aggregate comes out of it with no layout conversion. With 1-D vectors each value in and the aggregate out was a
     # round trip through shared memory (3 after the wait, 1 more a bank value), and a settle of 6 bank values added
@@ -35,9 +31,6 @@ def _attn_res_kernel(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, out_ptr, nw_pt
     offs = tl.arange(0, BLOCK)[None, :]
     mask = offs < D
     idx = tl.arange(0, NPAD)[:, None]
-    if ROUTER:  # the router rows as a tile of the bank tile's shape (so its layout: no conversion of the normed row)
-        er = tl.program_id(1) * NPAD + idx
-        rw = tl.load(rw_ptr + er * D + offs, mask=(er < E) & mask, other=0.0).to(tl.float32)
     tile = tl.zeros([NPAD, BLOCK], tl.float32)
     for i in tl.static_range(NB):
         tile = tl.where(idx == i, tl.load(bank[i] + row * D + offs, mask=mask, other=0.0).to(tl.float32), tile)
@@ -55,7 +48,7 @@ def _attn_res_kernel(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, out_ptr, nw_pt
         if HAS_D:
             x = (x.to(tl.float32) + tl.load(d_ptr + row * D + offs, mask=mask, other=0.0).to(tl.float32))
             x = x.to(pout_ptr.dtype.element_ty)
-            tl.store(pout_ptr + row * D + offs, x, mask=mask & first)
+            tl.store(pout_ptr + row * D + offs, x, mask=mask)
     else:
         if EARLY and PDL:
             gdc_wait()
@@ -68,26 +61,20 @@ def _attn_res_kernel(bank, p_ptr, d_ptr, pout_ptr, w_ptr, w2_ptr, out_ptr, nw_pt
     y = tl.sum(tile * p, 0, keep_dims=True) / tl.sum(p, 0, keep_dims=True)
     y_out = y.to(pout_ptr.dtype.element_ty)  # the aggregate in the stream's dtype (the norm reads it rounded)
     if HAS_OUT:
-        tl.store(out_ptr + row * D + offs, y_out, mask=mask & first)
+        tl.store(out_ptr + row * D + offs, y_out, mask=mask)
     if HAS_NORM:
         yf = y_out.to(tl.float32)
         r = 1.0 / tl.sqrt(tl.sum(yf * yf, 1, keep_dims=True) / D + norm_eps)
         z = (yf * r).to(y_out.dtype).to(tl.float32) * tl.load(nw_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        zq = z.to(norm_ptr.dtype.element_ty)
-        tl.store(norm_ptr + row * D + offs, zq, mask=mask & first)
-        if ROUTER:  # the router's product of the stored (rounded) row, accumulated in fp32 as its GEMV does
-            lg = tl.sum(rw * zq.to(tl.float32), 1, keep_dims=True)
-            tl.store(lg_ptr + row * E + er, lg, mask=er < E)
+        tl.store(norm_ptr + row * D + offs, z.to(norm_ptr.dtype.element_ty), mask=mask)
 
 
 # warps per program (None: one per 256 columns, at most 16); the decode ladder's --tile-sweep times others
 WARPS = None
 
 
-def _launch(bank, partial, delta, w, w2, eps, norm_weight, norm_eps, want_out: bool, early: bool = False,
-            router=None):
-    """Aggregate bank + [partial (+ delta)]; returns (aggregate or None, normed or None, new partial, router logits
-    or None). router: an [E, D] fp32 weight whose logits of the normed rows are formed too (needs norm_weight)."""
+def _launch(bank, partial, delta, w, w2, eps, norm_weight, norm_eps, want_out: bool, early: bool = False):
+    """Aggregate bank + [partial (+ delta)]; returns (aggregate or None, normed or None, new partial)."""
     x0 = partial if partial is not None else delta
     shape, D = x0.shape, x0.shape[-1]
     flat = lambda t: t.reshape(-1, D).contiguous()  # noqa: E731
@@ -101,23 +88,17 @@ def _launch(bank, partial, delta, w, w2, eps, norm_weight, norm_eps, want_out: b
     if norm_weight is not None:
         norm = torch.empty(new_p.shape, dtype=torch.promote_types(norm_weight.dtype, x0.dtype), device=x0.device)
     BLOCK = triton.next_power_of_2(D)
-    NPAD = triton.next_power_of_2(len(vals) + 1)
-    logits = None
-    if router is not None:
-        assert norm is not None and router.dtype == torch.float32 and router.is_contiguous() and router.shape[1] == D
-        logits = torch.empty(T, router.shape[0], dtype=torch.float32, device=x0.device)
-    E = router.shape[0] if router is not None else 1
     if T:
-        _attn_res_kernel[(T, triton.cdiv(E, NPAD))](  # (one program a row without a router: E = 1)
-            vals, p if p is not None else d, d if d is not None else new_p, new_p, w, w2 if w2 is not None else w,
-            out if out is not None else new_p, norm_weight if norm_weight is not None else w,
-            norm if norm is not None else new_p, router if router is not None else w,
-            logits if logits is not None else new_p, D, E, eps, norm_eps or 0.0, NB=len(vals), HAS_P=p is not None,
-            HAS_D=p is not None and d is not None, HAS_W2=w2 is not None, HAS_OUT=want_out,
-            HAS_NORM=norm_weight is not None, NPAD=NPAD, BLOCK=BLOCK, EARLY=early, ROUTER=router is not None,
-            num_warps=WARPS or max(1, min(16, BLOCK // 256)), **pdl_args(x0))
+        _attn_res_kernel[(T,)](vals, p if p is not None else d, d if d is not None else new_p, new_p, w,
+                               w2 if w2 is not None else w, out if out is not None else new_p,
+                               norm_weight if norm_weight is not None else w, norm if norm is not None else new_p,
+                               D, eps, norm_eps or 0.0, NB=len(vals), HAS_P=p is not None,
+                               HAS_D=p is not None and d is not None, HAS_W2=w2 is not None, HAS_OUT=want_out,
+                               HAS_NORM=norm_weight is not None, NPAD=triton.next_power_of_2(len(vals) + 1),
+                               BLOCK=BLOCK, EARLY=early, num_warps=WARPS or max(1, min(16, BLOCK // 256)),
+                               **pdl_args(x0))
     view = lambda t: None if t is None else t.view(shape)  # noqa: E731
-    return view(out), view(norm), view(new_p), logits
+    return view(out), view(norm), view(new_p)
 
 
 def attn_res(values: list[torch.Tensor], w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -142,14 +123,5 @@ def attn_res_settle(bank, partial, delta, key_norm, key_proj, eps: float, norm_w
     if (partial if partial is not None else delta).dtype == torch.float64:
         from kestrel.ops.attn_res.reference import attn_res_settle as ref
         return ref(bank, partial, delta, key_norm, key_proj, eps, norm_weight, norm_eps)
-    _, normed, new_p, _ = _launch(bank, partial, delta, key_norm, key_proj, eps, norm_weight, norm_eps, False, early)
+    _, normed, new_p = _launch(bank, partial, delta, key_norm, key_proj, eps, norm_weight, norm_eps, False, early)
     return new_p, normed
-
-
-def attn_res_settle_router(bank, partial, delta, key_norm, key_proj, eps: float, norm_weight, norm_eps: float,
-                           router_weight, early: bool = False):
-    """attn_res_settle and the router's fp32 logits of its normed rows (router_weight [E, D] fp32) in one launch of
-    cdiv(E, values) programs a row: (partial, normed, logits). See kestrel.ops.attn_res.attn_res_settle_router."""
-    _, normed, new_p, logits = _launch(bank, partial, delta, key_norm, key_proj, eps, norm_weight, norm_eps, False,
-                                       early, router_weight)
-    return new_p, normed, logits

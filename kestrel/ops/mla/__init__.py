@@ -31,9 +31,10 @@ def decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank: i
 
 def decode_project(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank: int, scale: float, w):
     """head_gemv(decode_paged(...)[0], w): the decode's attention output through W_uv (w [H, N, R]), [B, H, N].
-    With COMBINE_IN_HEAD_GEMV on a GPU the split results are merged inside the head GEMV (one launch fewer)."""
+    On a GPU, up to COMBINE_IN_HEAD_GEMV_MAX_ROWS rows merge the split results inside the head GEMV (one launch
+    fewer)."""
     fn = kernel(__name__ + ".triton", "mla_decode_project", q_lat) \
-        if FUSED_ABSORB and COMBINE_IN_HEAD_GEMV else None
+        if FUSED_ABSORB and q_lat.shape[0] <= COMBINE_IN_HEAD_GEMV_MAX_ROWS else None
     if fn is not None:
         return fn(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank, scale, w)
     out_lat = decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank, scale)[0]
@@ -62,27 +63,16 @@ def store_latent(kv_a, weight, eps: float, rank: int, kv_buffer, loc):
 FUSED_STORE = True
 
 
-def head_gemv(x, w, store=None):
-    """y[t, h] = w[h] @ x[t, h] for x [T, H, K], w [H, N, K]: see reference.head_gemv (a kernel for decode rows).
-
-    store: store_latent's arguments (kv_a, weight, eps, rank, kv_buffer, loc) for the same rows, written before y
-    is used: with LATENT_IN_HEAD_GEMV by extra programs of the kernel's launch, else by store_latent first."""
-    fn = kernel(__name__ + ".triton", "head_gemv", x) if FUSED_ABSORB else None
-    if store is not None and not (fn is not None and FUSED_STORE and LATENT_IN_HEAD_GEMV):
-        store_latent(*store)
-        store = None
-    if fn is None:
-        return reference.head_gemv(x, w)
-    return fn(x, w, store)
+def head_gemv(x, w):
+    """y[t, h] = w[h] @ x[t, h] for x [T, H, K], w [H, N, K]: see reference.head_gemv (a kernel for decode rows)."""
+    fn = (kernel(__name__ + ".triton", "head_gemv", x) if FUSED_ABSORB else None) or reference.head_gemv
+    return fn(x, w)
 
 
 # off: the absorbed projections run as batched matmuls (the decode ladder's "before" stage)
 FUSED_ABSORB = True
 
-# on: a decode step's latent store runs as extra programs of the q_nope head GEMV after it (one launch fewer on the
-# chain per MLA layer); off until measured on a GPU
-LATENT_IN_HEAD_GEMV = False
-
-# on: a decode step's split attention results are merged inside the W_uv head GEMV after them, not by their own
-# combine launch (one launch fewer on the chain per MLA layer); off until measured on a GPU
-COMBINE_IN_HEAD_GEMV = False
+# decode steps of at most this many rows merge their split attention results inside the W_uv head GEMV after them,
+# not by their own combine launch (one launch fewer on the chain per MLA layer; 0: never). k3-mini's decode graph
+# on an H100 (2026-12-07, docs/kernels.md): 1.006x at batch 1, 0.987x at batch 8
+COMBINE_IN_HEAD_GEMV_MAX_ROWS = 1

@@ -14,8 +14,9 @@ from kestrel.ops.triton_utils import pdl_prologue
 
 NUM_SMS = 132
 # on: the paged decode's split kernel reads its first block of cached latents before its PDL wait (all but each
-# row's newest key, read after it); off until measured on a GPU
-EARLY_KV = False
+# row's newest key, read after it). k3-mini's decode graph on an H100 (2026-12-07, docs/kernels.md): 1.010x at
+# batch 1, 1.000x at batch 8
+EARLY_KV = True
 
 
 @triton.jit
@@ -323,9 +324,12 @@ def attention_varlen_with_lse(q, k, v, scale: float, cu_q: list[int], cu_k: list
 
 
 @triton.jit
-def _latent_row(x_ptr, w_ptr, loc_ptr, kv_ptr, t, R, D, stride_x, eps, BR: tl.constexpr, BD: tl.constexpr):
-    """Token t's cache entry: RMSNorm of c_kv (the norm kernel's roundings: normalised row cast to x's dtype, then
-    the weight), k_r copied, both cast to the cache's dtype and stored at the token's flat slot."""
+def _store_latent_kernel(x_ptr, w_ptr, loc_ptr, kv_ptr, R, D, stride_x, eps, BR: tl.constexpr, BD: tl.constexpr,
+                         PDL: tl.constexpr):
+    """One token: RMSNorm of c_kv (the norm kernel's roundings: normalised row cast to x's dtype, then the weight),
+    k_r copied, both cast to the cache's dtype and stored at the token's flat slot."""
+    pdl_prologue(PDL)
+    t = tl.program_id(0).to(tl.int64)
     dst = kv_ptr + tl.load(loc_ptr + t).to(tl.int64) * D
     rr = tl.arange(0, BR)
     x = tl.load(x_ptr + t * stride_x + rr, mask=rr < R, other=0.0)
@@ -338,114 +342,80 @@ def _latent_row(x_ptr, w_ptr, loc_ptr, kv_ptr, t, R, D, stride_x, eps, BR: tl.co
     tl.store(dst + rd, k_r.to(kv_ptr.dtype.element_ty), mask=rd < D)
 
 
-@triton.jit
-def _store_latent_kernel(x_ptr, w_ptr, loc_ptr, kv_ptr, R, D, stride_x, eps, BR: tl.constexpr, BD: tl.constexpr,
-                         PDL: tl.constexpr):
-    """One token's cache entry (_latent_row)."""
-    pdl_prologue(PDL)
-    _latent_row(x_ptr, w_ptr, loc_ptr, kv_ptr, tl.program_id(0).to(tl.int64), R, D, stride_x, eps, BR, BD)
-
-
-def _store_args(kv_a, weight, eps: float, rank: int, kv_buffer, loc):
-    """The latent store's kernel arguments, or None where the kernel does not apply (the reference does it)."""
+def store_latent(kv_a, weight, eps: float, rank: int, kv_buffer, loc):
+    """See reference.store_latent. kv_a may be a column slice of a wider GEMM output (rows strided)."""
     D = kv_a.shape[-1]
     if kv_a.dtype == torch.float64 or weight.dtype != kv_a.dtype or kv_a.stride(-1) != 1 or D == rank \
             or not kv_buffer.is_contiguous():
-        return None
-    return (kv_a, weight, loc, kv_buffer, rank, D, kv_a.stride(0), eps), \
-        dict(BR=triton.next_power_of_2(rank), BD=triton.next_power_of_2(D - rank))
-
-
-def store_latent(kv_a, weight, eps: float, rank: int, kv_buffer, loc):
-    """See reference.store_latent. kv_a may be a column slice of a wider GEMM output (rows strided)."""
-    args = _store_args(kv_a, weight, eps, rank, kv_buffer, loc)
-    if args is None:
         from kestrel.ops.mla.reference import store_latent as ref
         return ref(kv_a, weight, eps, rank, kv_buffer, loc)
     if kv_a.shape[0]:
-        _store_latent_kernel[(kv_a.shape[0],)](*args[0], **args[1], num_warps=4, **pdl_args(kv_a))
+        _store_latent_kernel[(kv_a.shape[0],)](kv_a, weight, loc, kv_buffer, rank, D, kv_a.stride(0), eps,
+                                               BR=triton.next_power_of_2(rank),
+                                               BD=triton.next_power_of_2(D - rank), num_warps=4, **pdl_args(kv_a))
 
 
 @triton.jit
-def _head_gemv_kernel(x_ptr, w_ptr, y_ptr, T, H, N, K, sxt, sxh, swh, swn, swk, syt, syh,
-                      la_ptr, lw_ptr, loc_ptr, kv_ptr, R, D, stride_la, eps, ml_ptr, NS, BN: tl.constexpr,
-                      KP: tl.constexpr, PDL: tl.constexpr, ROW_GRID: tl.constexpr, STORE: tl.constexpr,
-                      BR: tl.constexpr, BD: tl.constexpr, COMBINE: tl.constexpr, BS: tl.constexpr):
+def _head_gemv_kernel(x_ptr, w_ptr, y_ptr, T, H, N, K, sxt, sxh, swh, swn, swk, syt, syh, ml_ptr, NS,
+                      BN: tl.constexpr, KP: tl.constexpr, PDL: tl.constexpr, ROW_GRID: tl.constexpr,
+                      COMBINE: tl.constexpr, BS: tl.constexpr):
     """y[t, h, n-block] = w[h, n-block, :] . x[t, h, :] for every row t: the [BN, K] weight tile is loaded whole
     before the wait (the weights do not depend on the previous kernel), then each row's x after it.
 
-    With STORE, the programs of axis 0's last index (h = H) instead write the rows' latent cache entries
-    (_latent_row; the first of them on axis 1, the others return): the store leaves the decode chain, the kernel
-    after this one reading the cache only after it finished. With COMBINE, x is the paged decode's split results
-    (x_ptr: out_lat [T, H, NS, K] fp32, ml_ptr: lse [T, H, NS]), each row merged (_combine_row, as the combine
-    kernel merges it, rounded to y's dtype as its output is) by every program that reads it."""
+    With COMBINE, x is the paged decode's split results (x_ptr: out_lat [T, H, NS, K] fp32, ml_ptr: lse
+    [T, H, NS]), each row merged (_combine_row, as the combine kernel merges it, rounded to y's dtype as its output
+    is) by every program that reads it."""
     h = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, KP)
     if PDL:
         gdc_launch_dependents()
+    w = tl.load(w_ptr + h * swh + rn[:, None] * swn + rk[None, :] * swk, mask=(rn[:, None] < N) & (rk[None, :] < K),
+                other=0.0).to(tl.float32)
+    if PDL:
+        gdc_wait()
     t = 0
     if ROW_GRID:  # one row per program (grid axis 2)
         t = tl.program_id(2)
         T = t + 1
-    if STORE and h == H:
-        if tl.program_id(1) == 0:
-            if PDL:
-                gdc_wait()
-            while t < T:
-                _latent_row(la_ptr, lw_ptr, loc_ptr, kv_ptr, t, R, D, stride_la, eps, BR, BD)
-                t += 1
-    else:
-        rn = tl.program_id(1) * BN + tl.arange(0, BN)
-        rk = tl.arange(0, KP)
-        w = tl.load(w_ptr + h * swh + rn[:, None] * swn + rk[None, :] * swk,
-                    mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0).to(tl.float32)
-        if PDL:
-            gdc_wait()
-        while t < T:  # (a while loop: the interpreter cannot bound a range by an argument that was specialised to 1)
-            if COMBINE:
-                row = t * H + h
-                x = _combine_row(x_ptr, ml_ptr, row, K, NS, KP, BS)[0]
-                x = x.to(y_ptr.dtype.element_ty).to(tl.float32)
-            else:
-                x = tl.load(x_ptr + t * sxt + h * sxh + rk, mask=rk < K, other=0.0).to(tl.float32)
-            y = tl.sum(w * x[None, :], 1)
-            tl.store(y_ptr + t * syt + h * syh + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
-            t += 1
+    while t < T:  # (a while loop: the interpreter cannot bound a range by an argument that was specialised to 1)
+        if COMBINE:
+            x = _combine_row(x_ptr, ml_ptr, t * H + h, K, NS, KP, BS)[0].to(y_ptr.dtype.element_ty).to(tl.float32)
+        else:
+            x = tl.load(x_ptr + t * sxt + h * sxh + rk, mask=rk < K, other=0.0).to(tl.float32)
+        y = tl.sum(w * x[None, :], 1)
+        tl.store(y_ptr + t * syt + h * syh + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+        t += 1
 
 
 # rows a head_gemv call takes (more go to the batched matmul: the kernel loops over rows with its tile resident)
 HEAD_GEMV_MAX_ROWS = 8
 
 
-def _head_gemv_launch(x, w, y, T: int, H: int, K: int, store=None, split=None):
-    """The head GEMV's launch over rows of x [T, H, K] (or, with split = (out_lat, lse), the paged decode's split
-    results, merged in the kernel), with store_latent's kernel arguments (store) as extra programs."""
+def _head_gemv_launch(x, w, y, T: int, H: int, K: int, split=None):
+    """The head GEMV's launch over rows of x [T, H, K] or, with split = (out_lat, lse), over the paged decode's
+    split results, merged in the kernel."""
     N = w.shape[1]
     KP = triton.next_power_of_2(K)
     BN = max(1, min(triton.next_power_of_2(N), 8192 // KP))
     row_grid = T > 1 and linear_ops.small_weight(w)  # each row its own programs, as the linear GEMV gives them
-    sargs = store or ((x, x, x, x, 0, 0, 0, 0.0), dict(BR=1, BD=1))  # without a store: unused (compiled out)
     ml, NS = (split[1], split[1].shape[-1]) if split is not None else (x, 0)
-    _head_gemv_kernel[(H + (store is not None), triton.cdiv(N, BN), T if row_grid else 1)](
+    _head_gemv_kernel[(H, triton.cdiv(N, BN), T if row_grid else 1)](
         x, w, y, T, H, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), y.stride(0), y.stride(1),
-        *sargs[0], ml, NS, BN=BN, KP=KP, ROW_GRID=row_grid, STORE=store is not None, **sargs[1],
-        COMBINE=split is not None, BS=_split_block(NS), num_warps=4, **pdl_args(x))
+        ml, NS, BN=BN, KP=KP, ROW_GRID=row_grid, COMBINE=split is not None, BS=_split_block(NS), num_warps=4,
+        **pdl_args(x))
 
 
-def head_gemv(x, w, store=None):
+def head_gemv(x, w):
     """See reference.head_gemv: y[t, h] = w[h] x[t, h], w [H, N, K] in any strides (a transposed view reads the
-    weights in place). store: store_latent's arguments for the same rows, written by extra programs of this
-    launch (or by store_latent before it where this kernel does not take the rows)."""
+    weights in place)."""
     T, H, K = x.shape
-    sargs = _store_args(*store) if store is not None else None
-    if x.dtype == torch.float64 or T > HEAD_GEMV_MAX_ROWS or x.stride(-1) != 1 or K > 1024 \
-            or (store is not None and (sargs is None or store[0].shape[0] != T)):
+    if x.dtype == torch.float64 or T > HEAD_GEMV_MAX_ROWS or x.stride(-1) != 1 or K > 1024:
         from kestrel.ops.mla.reference import head_gemv as ref
-        if store is not None:
-            store_latent(*store)
         return ref(x, w)
     y = torch.empty(T, H, w.shape[1], dtype=x.dtype, device=x.device)
     if T:
-        _head_gemv_launch(x, w, y, T, H, K, sargs)
+        _head_gemv_launch(x, w, y, T, H, K)
     return y
 
 
