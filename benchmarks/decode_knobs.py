@@ -218,5 +218,6 @@ def main() -> None:
         print()
         print(table(rows, args.preset, variants[0][0]), flush=True)
 
+
 if __name__ == "__main__":
     main()

@@ -33,6 +33,15 @@ def _split_block_step(ql, qr, c, kr, ok, m, l, acc, scale, PREC: tl.constexpr):
 
 
 @triton.jit
+def _key_rows(pt_ptr, table_row, n, end, PS, stride_page, stride_tok, BN: tl.constexpr):
+    """Keys n .. n + BN of a page-table row: (positions, which are < end, each key's cache offset)."""
+    pos = n + tl.arange(0, BN)
+    ok = pos < end
+    page = tl.load(pt_ptr + table_row + pos // PS, mask=ok, other=0).to(tl.int64)
+    return pos, ok, page * stride_page + (pos % PS) * stride_tok
+
+
+@triton.jit
 def _decode_split_kernel(ql_ptr, qr_ptr, kv_ptr, pt_ptr, sl_ptr, mo_ptr, ml_ptr,
                          H, R, DR, D, PS, TPR, stride_pt, NS, scale, stride_page, stride_tok, stride_qrb, stride_qrh,
                          BH: tl.constexpr, BR: tl.constexpr, BDR: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
@@ -51,7 +60,6 @@ def _decode_split_kernel(ql_ptr, qr_ptr, kv_ptr, pt_ptr, sl_ptr, mo_ptr, ml_ptr,
     hm = heads < H
     rr = tl.arange(0, BR)
     rd = tl.arange(0, BDR)
-    rn = tl.arange(0, BN)
     dt = ql_ptr.dtype.element_ty
     seq_len = tl.load(sl_ptr + b).to(tl.int32)
     split = tl.cdiv(tl.cdiv(seq_len, NS), BN) * BN
@@ -61,11 +69,9 @@ def _decode_split_kernel(ql_ptr, qr_ptr, kv_ptr, pt_ptr, sl_ptr, mo_ptr, ml_ptr,
     l = tl.zeros([BH], tl.float32)
     acc = tl.zeros([BH, BR], tl.float32)
     n = start
+    table_row = (b // TPR) * stride_pt
     if EARLY:
-        pos = n + rn
-        ok = pos < end
-        page = tl.load(pt_ptr + (b // TPR) * stride_pt + pos // PS, mask=ok, other=0).to(tl.int64)
-        row = page * stride_page + (pos % PS) * stride_tok
+        pos, ok, row = _key_rows(pt_ptr, table_row, n, end, PS, stride_page, stride_tok, BN)
         c_ptrs = kv_ptr + row[:, None] + rr[None, :]
         r_ptrs = kv_ptr + row[:, None] + R + rd[None, :]
         old = ok & (pos < seq_len - 1)
@@ -84,10 +90,7 @@ def _decode_split_kernel(ql_ptr, qr_ptr, kv_ptr, pt_ptr, sl_ptr, mo_ptr, ml_ptr,
             m, l, acc = _split_block_step(ql, qr, c, kr, ok, m, l, acc, scale, PREC)
         n += BN
     while n < end:
-        pos = n + rn
-        ok = pos < end
-        page = tl.load(pt_ptr + (b // TPR) * stride_pt + pos // PS, mask=ok, other=0).to(tl.int64)
-        row = page * stride_page + (pos % PS) * stride_tok
+        pos, ok, row = _key_rows(pt_ptr, table_row, n, end, PS, stride_page, stride_tok, BN)
         c = tl.load(kv_ptr + row[:, None] + rr[None, :], mask=ok[:, None] & (rr[None, :] < R), other=0.0).to(dt)
         kr = tl.load(kv_ptr + row[:, None] + R + rd[None, :], mask=ok[:, None] & (rd[None, :] < DR), other=0.0).to(dt)
         m, l, acc = _split_block_step(ql, qr, c, kr, ok, m, l, acc, scale, PREC)
@@ -165,7 +168,8 @@ def _decode_split(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank: 
     return mo, ml
 
 
-def _split_block(NS: int) -> int:
+def _splits_block(NS: int) -> int:
+    """The block a merge of NS split results loads them in."""
     return max(2, triton.next_power_of_2(NS))
 
 
@@ -186,7 +190,7 @@ def mla_decode_paged(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_ran
         return out, lse
     mo, ml = _decode_split(q_lat, q_rope, kv_buffer, page_table, seq_lens, kv_lora_rank, scale, rows_per_table)
     NS = ml.shape[-1]
-    _decode_combine_kernel[(B * H,)](mo, ml, out, lse, R, NS, BR=triton.next_power_of_2(R), BS=_split_block(NS),
+    _decode_combine_kernel[(B * H,)](mo, ml, out, lse, R, NS, BR=triton.next_power_of_2(R), BS=_splits_block(NS),
                                      num_warps=4, **pdl_args(mo))
     return out, lse
 
@@ -402,7 +406,7 @@ def _head_gemv_launch(x, w, y, T: int, H: int, K: int, split=None):
     ml, NS = (split[1], split[1].shape[-1]) if split is not None else (x, 0)
     _head_gemv_kernel[(H, triton.cdiv(N, BN), T if row_grid else 1)](
         x, w, y, T, H, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), y.stride(0), y.stride(1),
-        ml, NS, BN=BN, KP=KP, ROW_GRID=row_grid, COMBINE=split is not None, BS=_split_block(NS), num_warps=4,
+        ml, NS, BN=BN, KP=KP, ROW_GRID=row_grid, COMBINE=split is not None, BS=_splits_block(NS), num_warps=4,
         **pdl_args(x))
 
 
