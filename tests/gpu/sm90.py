@@ -111,6 +111,22 @@ def compile_launch(f: InterpretedFunction, args, kwargs) -> None:
             regs[key] = (f.fn.__name__, bool(kw.get("PDL")), options.num_warps, *ptxas_usage(kernel.asm["ptx"]))
 
 
+def compile_gluon(jf, args, kwargs) -> list:
+    """A Gluon kernel (no interpreter runs those) compiled for sm_90 as this launch would specialise it, with PDL off
+    and on for a kernel with a PDL constexpr: [(PDL, CompiledKernel)]. The arguments may be CPU tensors."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    binder = create_function_from_signature(jf.signature, jf.params, _backend)
+    out = []
+    for pdl in ((False, True) if "PDL" in jf.arg_names else (None,)):
+        kw = dict(kwargs) if pdl is None else {**kwargs, "PDL": pdl, "launch_pdl": pdl}
+        bound, spec, opts = binder(*args, **kw)
+        options, signature, constexprs, attrs = jf._pack_args(_backend, kw, bound, spec, opts)
+        out.append((pdl, compile(GluonASTSource(jf, signature, constexprs, attrs), target=TARGET,
+                                 options=options.__dict__)))
+    return out
+
+
 def layout_counts(kernel) -> tuple[int, int, int | None]:
     """(layout conversions in its TTGIR, barriers in its PTX, barriers after its PDL wait or None without one) of a
     compiled kernel: each conversion is a round trip through shared memory."""
@@ -122,9 +138,12 @@ def layout_counts(kernel) -> tuple[int, int, int | None]:
 
 def ptxas_usage(ptx: str) -> tuple[int, int, int]:
     """(registers, spill store bytes, spill load bytes) a thread of a compiled kernel, from `ptxas -v`."""
-    exe = shutil.which("ptxas")
+    import triton.backends.nvidia as nv
+
+    bundled = os.path.join(os.path.dirname(nv.__file__), "bin", "ptxas")  # Triton's wheel ships one
+    exe = shutil.which("ptxas") or (bundled if os.path.exists(bundled) else None)
     if exe is None:
-        raise RuntimeError("KESTREL_SM90_REGS=1 needs ptxas (the CUDA toolkit) on PATH")
+        raise RuntimeError("KESTREL_SM90_REGS=1 needs ptxas (the CUDA toolkit, or Triton's wheel)")
     arch = re.search(r"^\.target\s+(\w+)", ptx, re.M).group(1)
     out = subprocess.run([exe, "-v", f"-arch={arch}", "-", "-o", os.devnull], input=ptx, capture_output=True,
                          text=True, check=True).stderr

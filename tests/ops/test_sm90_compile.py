@@ -141,3 +141,47 @@ def test_the_kda_prep_compiles_without_layout_conversions_or_fused_multiply_adds
     assert r.returncode == 0, r.stderr[-2000:]
     counts = [line.split() for line in r.stdout.splitlines() if line.startswith("prep")]
     assert len(counts) == 4 and all(c[1] == "0" and c[4] == "False" for c in counts), r.stdout
+
+
+STAGED_IR = """
+import torch
+from tests.gpu import sm90
+from kestrel.ops.moe import staged
+b = lambda *s: torch.zeros(*s, dtype=torch.bfloat16)
+for D, I, k in ((1024, 512, 8), (128, 192, 2)):  # k3-mini's and k3-small's latent experts
+    E, BI, BN, IP = 128, 8, 4, 1 << (I - 1).bit_length()
+    tr, tc, wr, wc = staged._layout(D, BI, 4)
+    up = (b(1, D), torch.zeros(1, k, dtype=torch.long), b(E, I, D), b(E, I, D), b(k, I), 4.0, 25.0, D, I, k, BI)
+    down = (b(k, I), torch.zeros(1, k, dtype=torch.long), torch.zeros(1, k), b(E, D, I), b(1, D), D, I, IP, k, BN)
+    te, dr, dc, we, dwr, dwc = staged._down_layout(k, BN, IP, 4)
+    for name, kernel, args, kw in (
+            ("up", staged._gemv_up_staged_kernel, up, dict(SITU=True, TR=tr, TC=tc, WR=wr, WC=wc)),
+            ("down", staged._gemv_down_staged_kernel, down,
+             dict(TE=te, TR=dr, TC=dc, WE=we, WR=dwr, WC=dwc, LATE_TRIGGER=False))):
+        for pdl, kern in sm90.compile_gluon(kernel, args, dict(kw, num_warps=4)):
+            ptx = kern.asm["ptx"]
+            regs, spill_st, spill_ld = sm90.ptxas_usage(ptx)
+            before, after = ptx.split("griddepcontrol.wait") if pdl else (ptx, "")
+            tile = (2 * BI * D if name == "up" else k * BN * IP) * 2
+            print("staged", name, k, pdl, regs, spill_st + spill_ld, kern.metadata.shared >= tile,
+                  before.count("cp.async.c") >= tile // (16 * 128), after.count("cp.async.c"),
+                  after.count("cp.async.wait_group"), after.count("ld.global"))
+"""
+
+
+def test_the_staged_expert_gemvs_copy_every_tile_before_the_wait():
+    """The expert up and down GEMVs staged in shared memory (moe/staged.py, Gluon kernels, which no interpreter
+    runs) at k3-mini's and k3-small's expert shapes, compiled for sm_90 with PDL off and on: they keep their tiles
+    out of the registers (under 64 a thread, no spills, where the register-resident kernels need 80 and 96 with
+    their tiles loaded before the wait) and in shared memory, and under PDL every weight copy is issued before the
+    wait; after it only the input (x, or the k rows of h) is read from global memory and the copies are waited for."""
+    env = {k: v for k, v in ENV.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", STAGED_IR], env=env, cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [line.split()[1:] for line in r.stdout.splitlines() if line.startswith("staged")]
+    assert len(rows) == 8, r.stdout
+    for name, k, pdl, regs, spills, shared, copies, copies_after, waits, loads in rows:
+        assert int(regs) < 64 and spills == "0" and shared == copies == "True" and copies_after == "0", r.stdout
+        if pdl == "True":
+            assert waits == "1" and int(loads) <= (1 if name == "up" else int(k)), r.stdout
