@@ -147,10 +147,11 @@ STAGED_IR = """
 import torch
 from tests.gpu import sm90
 from kestrel.ops.moe import staged
+from kestrel.ops.gluon_utils import row_layout
 b = lambda *s: torch.zeros(*s, dtype=torch.bfloat16)
 for D, I, k in ((1024, 512, 8), (128, 192, 2)):  # k3-mini's and k3-small's latent experts
     E, BI, BN, IP = 128, 8, 4, 1 << (I - 1).bit_length()
-    tr, tc, wr, wc = staged._layout(D, BI, 4)
+    tr, tc, wr, wc = row_layout(D, BI, 4)
     up = (b(1, D), torch.zeros(1, k, dtype=torch.long), b(E, I, D), b(E, I, D), b(k, I), 4.0, 25.0, D, I, k, BI)
     down = (b(k, I), torch.zeros(1, k, dtype=torch.long), torch.zeros(1, k), b(E, D, I), b(1, D), D, I, IP, k, BN)
     te, dr, dc, we, dwr, dwc = staged._down_layout(k, BN, IP, 4)
@@ -166,22 +167,37 @@ for D, I, k in ((1024, 512, 8), (128, 192, 2)):  # k3-mini's and k3-small's late
             print("staged", name, k, pdl, regs, spill_st + spill_ld, kern.metadata.shared >= tile,
                   before.count("cp.async.c") >= tile // (16 * 128), after.count("cp.async.c"),
                   after.count("cp.async.wait_group"), after.count("ld.global"))
+from kestrel.ops.linear import staged as pair
+N, K, BN = 2048, 1024, 4  # k3-mini's MoE tail: the latent up projection (RMSNorm) + the shared down (SiTU)
+tr, tc, wr, wc = row_layout(K, BN, 4)
+args = (b(1, K), b(1, K), b(K), b(N, K), 1e-6, b(1, K), b(1, K), b(K), b(N, K), 0.0, 4.0, 25.0, b(1, N), K, pair.RMS,
+        K, pair.ACT, True, BN)
+for pdl, kern in sm90.compile_gluon(pair._gemv_pair_staged_kernel, args,
+                                    dict(TR=tr, TC=tc, WR=wr, WC=wc, LATE_TRIGGER=True, num_warps=4)):
+    ptx = kern.asm["ptx"]
+    regs, spill_st, spill_ld = sm90.ptxas_usage(ptx)
+    before, after = ptx.split("griddepcontrol.wait") if pdl else (ptx, "")
+    tile = 2 * BN * K * 2
+    print("staged pair 4", pdl, regs, spill_st + spill_ld, kern.metadata.shared >= tile,
+          before.count("cp.async.c") >= tile // (16 * 128), after.count("cp.async.c"),
+          after.count("cp.async.wait_group"), after.count("ld.global"))
 """
 
 
-def test_the_staged_expert_gemvs_copy_every_tile_before_the_wait():
-    """The expert up and down GEMVs staged in shared memory (moe/staged.py, Gluon kernels, which no interpreter
-    runs) at k3-mini's and k3-small's expert shapes, compiled for sm_90 with PDL off and on: they keep their tiles
-    out of the registers (under 64 a thread, no spills, where the register-resident kernels need 80 and 96 with
-    their tiles loaded before the wait) and in shared memory, and under PDL every weight copy is issued before the
-    wait; after it only the input (x, or the k rows of h) is read from global memory and the copies are waited for."""
+def test_the_staged_gemvs_copy_every_tile_before_the_wait():
+    """The expert up and down GEMVs and the MoE tail's paired GEMV staged in shared memory (moe/staged.py,
+    linear/staged.py: Gluon kernels, which no interpreter runs) at k3-mini's (and for the experts k3-small's)
+    shapes, compiled for sm_90 with PDL off and on: they keep their tiles out of the registers (under 64 a thread,
+    no spills, where the register-resident expert kernels need 80 and 96 with their tiles loaded before the wait)
+    and in shared memory, and under PDL every weight copy is issued before the wait; after it only the inputs are
+    read from global memory and the copies are waited for."""
     env = {k: v for k, v in ENV.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", STAGED_IR], env=env, cwd=ROOT, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [line.split()[1:] for line in r.stdout.splitlines() if line.startswith("staged")]
-    assert len(rows) == 8, r.stdout
+    assert len(rows) == 10, r.stdout
     for name, k, pdl, regs, spills, shared, copies, copies_after, waits, loads in rows:
         assert int(regs) < 64 and spills == "0" and shared == copies == "True" and copies_after == "0", r.stdout
-        if pdl == "True":
-            assert waits == "1" and int(loads) <= (1 if name == "up" else int(k)), r.stdout
+        if pdl == "True":  # x; the k rows of h; the pair's two inputs, the second's gate, the norm weight
+            assert waits == "1" and int(loads) <= {"up": 1, "down": int(k), "pair": 4}[name], r.stdout

@@ -17,30 +17,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-
-@gluon.jit
-def _gdc_launch_dependents():
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
-
-
-@gluon.jit
-def _gdc_wait():
-    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _sigmoid(x):
-    return 1 / (1 + gl.exp(-x))  # tl.sigmoid's own formula: the activation stays bit-equal to the Triton kernel's
-
-
-@gluon.jit
-def _act(a, b, beta, linear_beta, SITU: gl.constexpr):
-    """triton_utils.act, written out for Gluon (which cannot call a Triton function)."""
-    if SITU:
-        return beta * (2.0 * _sigmoid(2.0 * a / beta) - 1.0) * _sigmoid(a) * (
-            linear_beta * (2.0 * _sigmoid(2.0 * b / linear_beta) - 1.0))
-    return a * _sigmoid(a) * b
+from kestrel.ops.gluon_utils import act as _act, gdc_launch_dependents as _gdc_launch_dependents, gdc_wait as _gdc_wait
+from kestrel.ops.gluon_utils import row_layout
 
 
 @gluon.jit
@@ -51,7 +29,7 @@ def _gemv_up_staged_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, h_ptr, beta, linear_b
     starts: the front GEMV before it triggers late), then the activation. Grid (pairs, I / BI)."""
     if PDL:
         _gdc_launch_dependents()
-    # 8 contiguous elements a thread (one 16-byte copy) and the threads along the row first (see _layout)
+    # 8 contiguous elements a thread (one 16-byte copy) and the threads along the row first (see row_layout)
     tile: gl.constexpr = gl.BlockedLayout([1, 8], [TR, TC], [WR, WC], [1, 0])
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     p = gl.program_id(0).to(gl.int64)
@@ -154,31 +132,17 @@ def gemv_down(h, ids, wts, w2, out, BN: int, warps: int, late_trigger: bool, pdl
                                            WR=wr, WC=wc, LATE_TRIGGER=late_trigger, num_warps=warps, **pdl)
 
 
-def _layout(D: int, BI: int, warps: int) -> tuple[int, int, int, int] | None:
-    """(threads along rows, along columns, warps along rows, along columns) of the [BI, D] tile, 8 columns a
-    thread: the threads and then the warps along the row while it has columns for them. At k3-mini's D = 1024 and 4
-    warps that is the layout Triton chooses for the register-resident kernel's tile (its sm_90 TTGIR:
-    sizePerThread [1, 8], threadsPerWarp [1, 32], warpsPerCTA [1, 4]), so both reduce in the same order. None where
-    the tile does not cover the layout exactly (no element copied by two threads)."""
-    tc = min(32, D // 8)
-    wc = min(warps, max(1, D // (8 * tc)))
-    tr, wr = 32 // tc, warps // wc
-    if tc < 1 or D % (8 * tc * wc) or BI % (tr * wr):
-        return None
-    return tr, tc, wr, wc
-
-
 def serves(D: int, I: int, BI: int, warps: int, dtype, quantized: bool) -> bool:
     """Whether the staged kernel takes this shape: dense 16-bit weights, D a power of two, whole row blocks."""
     return (not quantized and dtype.itemsize == 2 and D >= 8 and D & (D - 1) == 0 and I % BI == 0
-            and _layout(D, BI, warps) is not None)
+            and row_layout(D, BI, warps) is not None)
 
 
 def gemv_up(x, ids, w1, w3, h, act, BI: int, warps: int, pdl: dict) -> None:
     """h[p] = act(w1[ids[p]] x[p // k], w3[ids[p]] x[p // k]) for every (token, slot) pair p, in place."""
     NP, k = ids.numel(), ids.shape[-1]
     D, I = x.shape[-1], h.shape[-1]
-    tr, tc, wr, wc = _layout(D, BI, warps)
+    tr, tc, wr, wc = row_layout(D, BI, warps)
     _gemv_up_staged_kernel[(NP, I // BI)](x, ids, w1, w3, h, act.beta, act.linear_beta, D, I, k, BI,
                                           SITU=act.kind == "situ", TR=tr, TC=tc, WR=wr, WC=wc, num_warps=warps,
                                           **pdl)
