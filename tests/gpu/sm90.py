@@ -111,22 +111,6 @@ def compile_launch(f: InterpretedFunction, args, kwargs) -> None:
             regs[key] = (f.fn.__name__, bool(kw.get("PDL")), options.num_warps, *ptxas_usage(kernel.asm["ptx"]))
 
 
-def compile_gluon(jf, args, kwargs) -> list:
-    """A Gluon kernel (no interpreter runs those) compiled for sm_90 as this launch would specialise it, with PDL off
-    and on for a kernel with a PDL constexpr: [(PDL, CompiledKernel)]. The arguments may be CPU tensors."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    binder = create_function_from_signature(jf.signature, jf.params, _backend)
-    out = []
-    for pdl in ((False, True) if "PDL" in jf.arg_names else (None,)):
-        kw = dict(kwargs) if pdl is None else {**kwargs, "PDL": pdl, "launch_pdl": pdl}
-        bound, spec, opts = binder(*args, **kw)
-        options, signature, constexprs, attrs = jf._pack_args(_backend, kw, bound, spec, opts)
-        out.append((pdl, compile(GluonASTSource(jf, signature, constexprs, attrs), target=TARGET,
-                                 options=options.__dict__)))
-    return out
-
-
 def layout_counts(kernel) -> tuple[int, int, int | None]:
     """(layout conversions in its TTGIR, barriers in its PTX, barriers after its PDL wait or None without one) of a
     compiled kernel: each conversion is a round trip through shared memory."""

@@ -464,38 +464,6 @@ def test_moe_experts_routed(quant, ids_ready, monkeypatch):
             assert torch.equal(K.moe_experts_routed(x, ew, lg, routing, act, ids_ready), ref), (T, bias is None)
 
 
-@pytest.mark.skipif(DEV != "cuda", reason="Gluon kernels: CUDA only (tests/ops/test_sm90_compile.py compiles them)")
-@pytest.mark.parametrize("D,I,k", [(1024, 512, 8), (128, 192, 2), (256, 64, 8)])
-@pytest.mark.parametrize("which", ["UP_STAGED", "DOWN_STAGED"])
-def test_moe_staged(which, D, I, k, monkeypatch):
-    """The expert up or down GEMV with its tiles staged in shared memory before the wait (moe.triton.UP_STAGED /
-    DOWN_STAGED, staged.py): the experts' outputs bit-equal to the register-resident kernels' where the two share
-    the tile layout (k3-mini's shapes: latent 1024, width 512, top-8), within rounding elsewhere, at 1, 2 and 8
-    tokens, and the staged kernel really ran."""
-    from kestrel.ops.moe import reference as R, staged as S, triton as K
-    E = 128
-    ew = _experts(E, D, I, False, torch.bfloat16)
-    act = R.Activation("situ", 4.0, 25.0)
-    name = "gemv_up" if which == "UP_STAGED" else "gemv_down"
-    ran, kernel = [], getattr(S, name)
-    monkeypatch.setattr(S, name, lambda *a: ran.append(1) or kernel(*a))
-    for T in (1, 2, 8):
-        x = rnd(T, D, dtype=torch.bfloat16)
-        w, ids = K.route(rnd(T, E), None, k, True, 2.5)
-        torch.cuda.synchronize()  # ids_ready: the routing finished before the expert kernels start
-        monkeypatch.setattr(K, which, False)
-        ref = K.moe_experts(x, ew, w, ids, act, ids_ready=True)
-        monkeypatch.setattr(K, which, True)
-        got = K.moe_experts(x, ew, w, ids, act, ids_ready=True)
-        assert len(ran) == 1, "the staged kernel did not run"
-        ran.clear()
-        if (D, I, k) == (1024, 512, 8):
-            assert torch.equal(got, ref), (T, rel(got, ref))
-        assert rel(got, ref) < TOL[torch.bfloat16], T
-        full = R.moe_experts(x, ew.dense("w1"), ew.dense("w2"), ew.dense("w3"), w, ids, act)
-        assert rel(got, full) < TOL[torch.bfloat16], T
-
-
 @pytest.mark.parametrize("routed", [False, True])
 def test_moe_experts_up_and_down_in_one_launch(routed, monkeypatch):
     """The up and down GEMVs as one launch of ticketed programs (FUSED_UPDOWN): bit-equal to the two launches,

@@ -102,39 +102,6 @@ def test_linear_pair(dtype, M, kb):
     assert rel(L.linear_pair(pro_a, wa, pro_b, wb), two) < TOL[dtype]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="a Gluon kernel: CUDA only (tests/ops/test_sm90_compile.py "
-                    "compiles it)")
-@pytest.mark.parametrize("kb", ["same", "wider"])
-def test_linear_pair_staged(kb, monkeypatch):
-    """The one-row pair with its tiles staged in shared memory before the wait (linear.triton.PAIR_STAGED,
-    linear/staged.py) at k3-mini's MoE tail shapes: bit-equal to the register-resident pair kernel, RMSNorm and SiTU
-    prologues, late trigger on and off, and the staged kernel really ran."""
-    from kestrel.ops.linear import Prologue, staged as S, triton as K
-    from kestrel.ops.moe import Activation
-    from kestrel.ops.moe import triton as MK
-    from kestrel.ops.norm import triton as NK
-    N, KA = 2048, 1024
-    KB = KA if kb == "same" else 2 * KA
-    dtype = torch.bfloat16
-    ran, gemv_pair = [], S.gemv_pair
-    monkeypatch.setattr(S, "gemv_pair", lambda *a: ran.append(1) or gemv_pair(*a))
-    for late in (False, True):
-        xa, nw = rnd(1, KA, dtype=dtype), rnd(KA, dtype=dtype)
-        buf = rnd(1, 3 * KB, dtype=dtype)
-        a, b = buf[:, :KB], buf[:, 2 * KB :]
-        wa, wb = rnd(N, KA, dtype=dtype, scale=KA**-0.5), rnd(N, KB, dtype=dtype, scale=KB**-0.5)
-        act = Activation("situ", 4.0, 25.0)
-        pro_a = Prologue("rms", xa, lambda: NK.rms_norm(xa, nw, 1e-6), weight=nw, eps=1e-6)
-        pro_b = Prologue("act", a, lambda: MK.activate(act, a, b), other=b, act=act)
-        monkeypatch.setattr(K, "PAIR_STAGED", False)
-        ref = K.linear_pair(xa, wa, pro_a, a, wb, pro_b, late_trigger=late)
-        monkeypatch.setattr(K, "PAIR_STAGED", True)
-        y = K.linear_pair(xa, wa, pro_a, a, wb, pro_b, late_trigger=late)
-        assert len(ran) == 1, "the staged kernel did not run"
-        ran.clear()
-        assert torch.equal(y, ref), rel(y, ref)
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the dispatcher serves CUDA tensors only")
 def test_linear_dispatch_rows_by_weight_size():
     """The dispatcher: up to GEMV_MAX_M (four) rows on the GEMV for any weight; up to eight rows for a small

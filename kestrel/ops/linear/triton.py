@@ -275,11 +275,6 @@ def fits_pair(N: int, KA: int, KB: int) -> bool:
     return pa > 0 and pb > 0 and (BN * pa >= 16384) == (BN * pb >= 16384)
 
 
-# the one-row pair with its tiles staged in shared memory before the wait (staged.py, Gluon; CUDA): measured against
-# this kernel in docs/kernels.md
-PAIR_STAGED = False
-
-
 def linear_pair(xa: torch.Tensor, wa: torch.Tensor, pro_a, xb: torch.Tensor, wb: torch.Tensor, pro_b,
                 late_trigger: bool = False) -> torch.Tensor:
     """linear(pro_b(xb), wb, add=linear(pro_a(xa), wa)) in one launch, bit-equal to the two GEMVs when each tile
@@ -304,12 +299,6 @@ def linear_pair(xa: torch.Tensor, wa: torch.Tensor, pro_a, xb: torch.Tensor, wb:
     if M:
         # each tile's warps as its own GEMV launch would have them (the same reduction order, so the same sums)
         warps = 8 if BN * max(KPA, KPB) >= 16384 else 4
-        if PAIR_STAGED and xa.is_cuda:
-            from kestrel.ops.linear import staged
-            if staged.serves(M, N, KA, KB, BN, warps, (ka, kb), xa.dtype):
-                staged.gemv_pair((xa, xa2, nwa, eps_a, wa, ka), (xb, xb2, nwb, eps_b, wb, kb), beta, lbeta, situ, y,
-                                 BN, warps, late_trigger, {"PDL": use_pdl, "launch_pdl": use_pdl})
-                return y
         ga, gb = _row_grid(M, wa), _row_grid(M, wb)
         row_grid = ga if ga == gb else 0
         _gemv_pair_kernel[_grid(triton.cdiv(N, BN), M, row_grid)](

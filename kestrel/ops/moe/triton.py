@@ -28,10 +28,6 @@ UP_TILE_MAX, DOWN_TILE_MAX, UP_WARPS = 8192, 16384, 4
 # the up and down GEMVs as one launch (_gemv_updown_kernel): bit-equal, but 0.951x on k3-mini's batch-1 graph (H100,
 # docs/kernels.md, 2026-12-05 23:53), so off
 FUSED_UPDOWN = False
-# the up / down GEMVs' tiles staged in shared memory before the wait (staged.py, Gluon; CUDA, dense 16-bit experts,
-# expert ids read rather than chosen in the kernel): measured against the register-resident kernels in
-# docs/kernels.md
-UP_STAGED = DOWN_STAGED = False
 
 
 @triton.jit
@@ -470,8 +466,7 @@ ROUTE_IN_KERNEL_MAX_TOKENS = 1
 def routes_in_kernel(logits, routing) -> bool:
     """Whether moe_experts_routed's expert GEMVs choose the experts themselves (see _route_row)."""
     k = routing.top_k
-    return (not (UP_STAGED or DOWN_STAGED) and logits.shape[0] <= ROUTE_IN_KERNEL_MAX_TOKENS
-            and logits.shape[0] * k <= GEMV_MAX_PAIRS
+    return (logits.shape[0] <= ROUTE_IN_KERNEL_MAX_TOKENS and logits.shape[0] * k <= GEMV_MAX_PAIRS
             and routing.num_expert_group <= routing.topk_group and not k & (k - 1)
             and logits.dtype != torch.float64 and logits.shape[-1] >= k)
 
@@ -531,21 +526,15 @@ def moe_experts(x, experts_weights, weights, ids, act, ids_ready: bool = False, 
                                          NP, BI, BN, DP, IP, SITU=situ, LATE_TRIGGER=late_trigger, **route_args,
                                          num_warps=UP_WARPS, **pdl_args(x))
             return out
-        staged = _staged(x, routed, q)
-        if staged and UP_STAGED and up_early and staged.serves(D, I, BI, UP_WARPS, w1.dtype, q):
-            staged.gemv_up(x, ids, w1, w3, h, act, BI, UP_WARPS, pdl_args(x))
-        else:
-            _gemv_up_kernel[(NP, triton.cdiv(I, BI))](x, ids, w1, s1, w3, s3, h, *route_ptrs, D, I, TOPK, act.beta,
-                                                     act.linear_beta, BI=BI, BK=DP if up_early else min(512, DP),
-                                                     QUANT=q, SITU=situ, IDS_READY=up_early, **route_args,
-                                                     num_warps=UP_WARPS, **pdl_args(x))
-        if staged and DOWN_STAGED and down_early and staged.down_serves(Dout, I, TOPK, BN, 4, w2.dtype, q):
-            staged.gemv_down(h, ids, weights, w2, out, BN, 4, late_trigger, pdl_args(h))
-        else:
-            _gemv_down_kernel[(T, triton.cdiv(Dout, BN))](h, ids, weights, w2, s2, out, *route_ptrs, Dout, I, TOPK,
-                                                          BN=BN, BK=IP if down_early else min(512, IP), QUANT=q,
-                                                          IDS_READY=down_early, LATE_TRIGGER=late_trigger,
-                                                          **route_args, num_warps=4, **pdl_args(h))
+        _gemv_up_kernel[(NP, triton.cdiv(I, BI))](x, ids, w1, s1, w3, s3, h, *route_ptrs, D, I, TOPK, act.beta,
+                                                 act.linear_beta, BI=BI, BK=DP if up_early else min(512, DP),
+                                                 QUANT=q, SITU=situ, IDS_READY=up_early, **route_args,
+                                                 num_warps=UP_WARPS,
+                                                 **pdl_args(x))
+        _gemv_down_kernel[(T, triton.cdiv(Dout, BN))](h, ids, weights, w2, s2, out, *route_ptrs, Dout, I, TOPK,
+                                                      BN=BN, BK=IP if down_early else min(512, IP), QUANT=q,
+                                                      IDS_READY=down_early, LATE_TRIGGER=late_trigger, **route_args,
+                                                      num_warps=4, **pdl_args(h))
         return out
     BM = 64 if NP >= 4096 else 16
     pairs, bexp = _sort_pairs(ids, E, BM)
@@ -559,14 +548,6 @@ def moe_experts(x, experts_weights, weights, ids, act, ids_ready: bool = False, 
     _grouped_down_kernel[(NB, triton.cdiv(Dout, BN))](h, pairs, bexp, weights, w2, s2, y, Dout, I, NP, BM=BM, BN=BN,
                                                       BK=BK, QUANT=q, PREC=prec, num_warps=4, num_stages=3)
     return y.view(T, TOPK, Dout).sum(1).to(x.dtype)
-
-
-def _staged(x, routed, quantized: bool):
-    """staged.py where its kernels may serve this call (UP_STAGED / DOWN_STAGED on, CUDA, the ids read), else None."""
-    if not ((UP_STAGED or DOWN_STAGED) and x.is_cuda and routed is None and not quantized):
-        return None
-    from kestrel.ops.moe import staged
-    return staged
 
 
 @triton.jit
