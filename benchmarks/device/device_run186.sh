@@ -5,6 +5,7 @@
 # Their tests first; then k3-mini's decode graph turn about, each against the default: the routing before the experts
 # (which the staged expert kernels need) alone, each staged kernel; then the down on top of the up; then the floor
 # and a timeline with the up and down on. ~5 minutes.
+# Ran once (call 186, H100): the staged kernels lost and were removed after it; this script needs tree 6f7c054.
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 s() { echo "== $1 ($(date +%T))"; }
 M=kestrel.ops.moe.triton
