@@ -74,5 +74,6 @@ FUSED_ABSORB = True
 
 # decode steps of at most this many rows merge their split attention results inside the W_uv head GEMV after them,
 # not by their own combine launch (one launch fewer on the chain per MLA layer; 0: never). k3-mini's decode graph
-# on an H100 (2026-12-07, docs/kernels.md): 1.006x at batch 1, 0.987x at batch 8
+# on an H100 (2026-12-07, docs/kernels.md): 1.006x at batch 1, 0.987x at batch 8 (call 183); 1.003x at batch 1
+# (call 185)
 COMBINE_IN_HEAD_GEMV_MAX_ROWS = 1

@@ -15,7 +15,7 @@ from kestrel.ops.triton_utils import pdl_prologue
 NUM_SMS = 132
 # on: the paged decode's split kernel reads its first block of cached latents before its PDL wait (all but each
 # row's newest key, read after it). k3-mini's decode graph on an H100 (2026-12-07, docs/kernels.md): 1.010x at
-# batch 1, 1.000x at batch 8
+# batch 1, 1.000x at batch 8 (call 183); 1.000x at batch 1, 1.001x at batch 2 (call 185)
 EARLY_KV = True
 
 
