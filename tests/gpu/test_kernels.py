@@ -464,6 +464,25 @@ def test_moe_experts_routed(quant, ids_ready, monkeypatch):
             assert torch.equal(K.moe_experts_routed(x, ew, lg, routing, act, ids_ready), ref), (T, bias is None)
 
 
+@pytest.mark.parametrize("kind", ["situ", "silu"])
+def test_moe_up_activation_spread_over_threads(kind, monkeypatch):
+    """The up GEMV's activation on one row a thread (ACT_SPREAD): bit-equal to every thread activating every row,
+    for whole tiles loaded before the wait and for the K loop, one and several tokens, bf16 and fp32."""
+    from kestrel.ops.moe import reference as R, triton as K
+    E, D, I, k = (16, 64, 32, 4) if SMALL else (128, 1024, 512, 8)
+    act = R.Activation(kind, 4.0, 25.0)
+    for dtype in (torch.float32, torch.bfloat16):
+        ew = _experts(E, D, I, False, dtype)
+        for T, ids_ready in ((1, True), (1, False), (3, True)):
+            x = rnd(T, D, dtype=dtype)
+            w, ids = R.route(rnd(T, E), None, k, True, 2.5)
+            monkeypatch.setattr(K, "ACT_SPREAD", False)
+            ref = K.moe_experts(x, ew, w, ids, act, ids_ready=ids_ready)
+            monkeypatch.setattr(K, "ACT_SPREAD", True)
+            got = K.moe_experts(x, ew, w, ids, act, ids_ready=ids_ready)
+            assert torch.equal(got, ref), (dtype, T, ids_ready)
+
+
 @pytest.mark.parametrize("routed", [False, True])
 def test_moe_experts_up_and_down_in_one_launch(routed, monkeypatch):
     """The up and down GEMVs as one launch of ticketed programs (FUSED_UPDOWN): bit-equal to the two launches,

@@ -25,6 +25,9 @@ GEMV_DOWN_ROWS = 4
 # the largest tiles (elements) loaded whole before the wait: up, per projection (w1 and w3 each); down, all k
 # experts' tiles together (the one-row GEMV's register budget); warps per up program
 UP_TILE_MAX, DOWN_TILE_MAX, UP_WARPS = 8192, 16384, 4
+# the up GEMV's activation spread over the threads, one row each (_store_act SPREAD), not repeated by every thread
+# for every row of its tile
+ACT_SPREAD = False
 # the up and down GEMVs as one launch (_gemv_updown_kernel): bit-equal, but 0.951x on k3-mini's batch-1 graph (H100,
 # docs/kernels.md, 2026-12-05 23:53), so off
 FUSED_UPDOWN = False
@@ -119,7 +122,7 @@ def _gemv_up_kernel(x_ptr, ids_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, lg_pt
                     D: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, beta, linear_beta, BI: tl.constexpr,
                     BK: tl.constexpr, QUANT: tl.constexpr, SITU: tl.constexpr, IDS_READY: tl.constexpr,
                     ROUTE: tl.constexpr, HAS_BIAS: tl.constexpr, RENORM: tl.constexpr, BE: tl.constexpr,
-                    PDL: tl.constexpr):
+                    PDL: tl.constexpr, ACT_SPREAD: tl.constexpr = False):
     """IDS_READY (the routing finished before this kernel could start; see moe_experts): the expert ids are read
     and the whole weight tile loaded before waiting for x (BK >= D), so the stream overlaps the kernel before.
     ROUTE: the ids are chosen here from the router logits (see _route_row), not read."""
@@ -143,7 +146,7 @@ def _gemv_up_kernel(x_ptr, ids_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, lg_pt
             x = tl.load(x_ptr + t * D + cols, mask=cols < D, other=0.0).to(tl.float32)
             a += tl.sum(_load_w(w1_ptr, s1_ptr, e, rows, cols, I, D, QUANT) * x[None, :], 1)
             b += tl.sum(_load_w(w3_ptr, s3_ptr, e, rows, cols, I, D, QUANT) * x[None, :], 1)
-    _store_act(h_ptr, p, rows, I, a, b, beta, linear_beta, SITU)
+    _store_act(h_ptr, p, rows, I, a, b, beta, linear_beta, SITU, ACT_SPREAD)
 
 
 @triton.jit
@@ -173,8 +176,17 @@ def _up_early(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, e, t, rows, D: tl.constexpr
 
 
 @triton.jit
-def _store_act(h_ptr, p, rows, I: tl.constexpr, a, b, beta, linear_beta, SITU: tl.constexpr):
+def _store_act(h_ptr, p, rows, I: tl.constexpr, a, b, beta, linear_beta, SITU: tl.constexpr,
+               SPREAD: tl.constexpr = False):
     dt = h_ptr.dtype.element_ty
+    if SPREAD:
+        # the row sums come out of the reduction replicated (every thread holds all of them): passed through an
+        # identity select, each thread keeps one row, so the activation runs once a thread, not once a row (exact:
+        # the other terms are zeros)
+        n: tl.constexpr = a.shape[0]
+        eye = tl.arange(0, n)[:, None] == tl.arange(0, n)[None, :]
+        ab = tl.sum(tl.where(eye[:, :, None], tl.join(a, b)[None, :, :], 0.0), 1)
+        a, b = tl.split(ab)
     # the reference rounds each projection and the activation to the activation dtype
     y = _act(a.to(dt).to(tl.float32), b.to(dt).to(tl.float32), beta, linear_beta, SITU)
     tl.store(h_ptr + p * I + rows, y.to(dt), mask=rows < I)
@@ -529,7 +541,7 @@ def moe_experts(x, experts_weights, weights, ids, act, ids_ready: bool = False, 
         _gemv_up_kernel[(NP, triton.cdiv(I, BI))](x, ids, w1, s1, w3, s3, h, *route_ptrs, D, I, TOPK, act.beta,
                                                  act.linear_beta, BI=BI, BK=DP if up_early else min(512, DP),
                                                  QUANT=q, SITU=situ, IDS_READY=up_early, **route_args,
-                                                 num_warps=UP_WARPS,
+                                                 ACT_SPREAD=ACT_SPREAD, num_warps=UP_WARPS,
                                                  **pdl_args(x))
         _gemv_down_kernel[(T, triton.cdiv(Dout, BN))](h, ids, weights, w2, s2, out, *route_ptrs, Dout, I, TOPK,
                                                       BN=BN, BK=IP if down_early else min(512, IP), QUANT=q,
