@@ -130,6 +130,9 @@ class MoE(nn.Module):
         else:
             h = self.routed_expert_down_proj(x) if latent else x
         last = not shared  # which kernel ends the MoE (launches its dependents late)
+        # the shared experts' act(gate, up) computed by the routed experts' up GEMV for the paired tail below
+        norm = getattr(self, "routed_expert_norm", None)
+        side = shared_in if moe_ops.SHARED_ACT_IN_EXPERTS and norm is not None and not last and not training else None
         if training:
             # every expert on every token, weighted (zero where not routed): more FLOPs, no host syncs
             weights, ids = chosen if chosen is not None else self.gate(x, logits)
@@ -139,9 +142,12 @@ class MoE(nn.Module):
         else:
             late = not latent and last
             if chosen is None:  # the routing inside the expert kernels (one launch fewer)
-                y = moe_ops.experts_routed(h, self.experts, logits, routing, self.act, ids_ready, late_trigger=late)
+                y = moe_ops.experts_routed(h, self.experts, logits, routing, self.act, ids_ready, late_trigger=late,
+                                           shared=side)
             else:
-                y = moe_ops.experts(h, self.experts, *chosen, self.act, ids_ready, late_trigger=late)
+                y = moe_ops.experts(h, self.experts, *chosen, self.act, ids_ready, late_trigger=late, shared=side)
+            if side is not None:
+                y, shared_act = y
         if beside is not None:
             # the join: the up projection below reads the shared experts' output. shared_y belongs to the side
             # stream's pool; it is freed before the next layer's fork, after which the side stream waits for the
@@ -151,14 +157,16 @@ class MoE(nn.Module):
         else:
             add = None
         if latent:
-            norm = getattr(self, "routed_expert_norm", None)
             if norm is not None:  # the latent norm inside a one-row GEMV
                 y0 = y
                 pro = linear_ops.Prologue("rms", y0, lambda: norm(y0), weight=norm.weight, eps=norm.eps)
                 if not last:  # the latent up projection and the shared experts' down projection: one launch
                     se = self.shared_experts
-                    return linear_pair(self.routed_expert_up_proj, pro, se.down_proj, se.down_input(x, shared_in),
-                                       late_trigger=True)
+                    if side is not None and shared_act is not None:
+                        down_in = linear_ops.Prologue("none", shared_act, lambda: shared_act)
+                    else:
+                        down_in = se.down_input(x, shared_in)
+                    return linear_pair(self.routed_expert_up_proj, pro, se.down_proj, down_in, late_trigger=True)
                 y = self.routed_expert_up_proj.forward_with(pro, add, late_trigger=last)
             else:
                 y = self.routed_expert_up_proj(y, add, late_trigger=last)

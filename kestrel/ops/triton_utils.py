@@ -29,6 +29,16 @@ def act(a, b, beta, linear_beta, SITU: tl.constexpr):
     return a * tl.sigmoid(a) * b
 
 
+@triton.jit
+def act_input(a, b, beta, linear_beta, SITU: tl.constexpr, dt: tl.constexpr):
+    """A gated MLP's down-projection input act(a, b) (fp32 values of dtype dt in, fp32 out), rounded as the unfused
+    ops round it: SiTU as the activation kernel computes it (fp32 throughout, one rounding); SwiGLU as torch's
+    silu(a) * b (silu rounded, then the product)."""
+    if SITU:
+        return act(a, b, beta, linear_beta, SITU).to(dt).to(tl.float32)
+    return ((a * tl.sigmoid(a)).to(dt).to(tl.float32) * b).to(dt).to(tl.float32)
+
+
 # Host-side launch: Triton's `fn[grid](...)` binds the arguments, specialises each one, builds a cache key (it
 # formats the options to a string on every call) and checks the kernel's globals before it launches: tens of
 # microseconds a launch, which a prefill call with a handful of launches pays before and between its kernels.

@@ -483,6 +483,40 @@ def test_moe_up_activation_spread_over_threads(kind, monkeypatch):
             assert torch.equal(got, ref), (dtype, T, ids_ready)
 
 
+@pytest.mark.parametrize("kind", ["situ", "silu"])
+def test_moe_up_gemv_computes_the_shared_experts_activation(kind):
+    """shared=(gate, up): the routed experts' up GEMV also writes the shared experts' act(gate, up) (row-strided
+    views of a front-end GEMM's output, one to three tokens). The routed output is bit-equal to a launch without
+    it, and the paired tail GEMV reading that activation as it is gives bit-for-bit what it gives computing the
+    activation in its prologue; too few up programs to carry it: None, and the output unchanged."""
+    from kestrel.ops.linear import Prologue, triton as LK
+    from kestrel.ops.moe import reference as R, triton as K
+    E, D, I, k, S, N = (16, 64, 32, 4, 48, 40) if SMALL else (128, 1024, 512, 8, 1024, 2048)
+    act = R.Activation(kind, 4.0, 25.0)
+    for dtype in (torch.float32, torch.bfloat16):
+        ew = _experts(E, D, I, False, dtype)
+        wa, wb = rnd(N, D, dtype=dtype, scale=D**-0.5), rnd(N, S, dtype=dtype, scale=S**-0.5)
+        for T in (1, 3):
+            x, lg = rnd(T, D, dtype=dtype), rnd(T, E)
+            w, ids = R.route(lg, None, k, True, 2.5)
+            front = rnd(T, 3 * S, dtype=dtype)
+            a, b = front[:, S : 2 * S], front[:, 2 * S :]
+            y = K.moe_experts(x, ew, w, ids, act, ids_ready=True)
+            y2, a_b = K.moe_experts(x, ew, w, ids, act, ids_ready=True, shared=(a, b))
+            assert torch.equal(y2, y) and a_b is not None and a_b.shape == (T, S), T
+            assert rel(a_b, act(a.double(), b.double())) < TOL[dtype], T
+            xa = rnd(T, D, dtype=dtype)
+            prologue = Prologue("act", a, lambda: K.activate(act, a, b), other=b, act=act)
+            ref = LK.linear_pair(xa, wa, None, a, wb, prologue)
+            assert torch.equal(LK.linear_pair(xa, wa, None, a_b, wb, Prologue("none", a_b, lambda: a_b)), ref), T
+        # a row too wide for the launch's programs (one element a thread): not carried
+        wide = 32 * K.UP_WARPS * k * -(-I // K.GEMV_UP_ROWS[1]) + 1
+        w, ids = R.route(rnd(1, E), None, k, True, 2.5)
+        x = rnd(1, D, dtype=dtype)
+        y2, none = K.moe_experts(x, ew, w, ids, act, shared=(rnd(1, wide, dtype=dtype), rnd(1, wide, dtype=dtype)))
+        assert none is None and torch.equal(y2, K.moe_experts(x, ew, w, ids, act))
+
+
 @pytest.mark.parametrize("routed", [False, True])
 def test_moe_experts_up_and_down_in_one_launch(routed, monkeypatch):
     """The up and down GEMVs as one launch of ticketed programs (FUSED_UPDOWN): bit-equal to the two launches,

@@ -263,6 +263,44 @@ def test_paired_moe_tail_bit_equals_two_gemvs(monkeypatch):
 
 
 @torch.no_grad()
+def test_shared_experts_activation_in_the_routed_up_gemv(monkeypatch):
+    """SHARED_ACT_IN_EXPERTS: the routed experts' up GEMV computes the shared experts' activation for the paired
+    tail: decode steps from the same caches (eager, and graphed with programmatic dependent launch) give
+    bit-identical logits and states with it off and on, and the up GEMV really computed it (every MoE layer, every
+    eager step)."""
+    import kestrel.ops as ops
+    from kestrel.ops import moe as moe_ops
+    from kestrel.ops.moe import triton as MK
+
+    monkeypatch.setattr(moe_ops, "SHARED_STREAM", False)  # the pair serves the MoE whose shared experts run in line
+    cfg, model, mem = _setup(torch.bfloat16, fuse=True)
+    carried = []
+    up = MK.moe_experts
+
+    def counted(*a, **k):
+        out = up(*a, **k)
+        if k.get("shared") is not None:
+            carried.append(out[1] is not None)
+        return out
+
+    monkeypatch.setattr(MK, "moe_experts", counted)
+
+    def variant(on, graphed):
+        def setup():
+            monkeypatch.setattr(moe_ops, "SHARED_ACT_IN_EXPERTS", on)
+            monkeypatch.setattr(ops, "PDL", graphed)
+            return _graphed(model, mem) if graphed else model
+        return setup
+
+    results = _replayed_steps(mem, [(key, variant(*key)) for key in ((False, False), (True, False), (True, True))],
+                              4)
+    moe_layers = sum(1 for layer in model.model.layers if hasattr(layer, "block_sparse_moe"))
+    assert moe_layers and carried[: 4 * moe_layers] == [True] * (4 * moe_layers)
+    assert _bit_equal(results[(True, False)], results[(False, False)])
+    assert _bit_equal(results[(True, True)], results[(False, False)])
+
+
+@torch.no_grad()
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_graph_verify_matches_eager_and_folds_like_decode(dtype):
     """The CUDA-graph verify (padded blocks of mixed real lengths) gives the eager verify's logits, features and

@@ -178,10 +178,11 @@ def test_state_matters(tiny64):
 
 
 @pytest.mark.parametrize("preset", ["k3-tiny", "kimi-linear-subset"])
-def test_fused_projections_equal_the_separate_layers(preset):
+def test_fused_projections_equal_the_separate_layers(preset, monkeypatch):
     """fuse_projections (one GEMM per group of projections sharing an input; KDA's two bottleneck up-projections
     over adjacent columns stacked, on the Kimi-Linear layout whose output gate is low-rank) leaves the model's
-    outputs those of the separate layers, and every parameter keeps its value."""
+    outputs those of the separate layers, and every parameter keeps its value; so does handing the shared experts'
+    activation to the routed experts (which on CPU hand it back undone)."""
     import copy
 
     from kestrel.models.k3 import K3ForCausalLM
@@ -207,6 +208,10 @@ def test_fused_projections_equal_the_separate_layers(preset):
         assert torch.equal(a, b), name
     # and decode steps through the pools (the fused forward at one row)
     assert_same_outputs(model, fused, tokens(40, seed=2), decode_steps=10)
+    from kestrel.ops import moe as moe_ops
+
+    monkeypatch.setattr(moe_ops, "SHARED_ACT_IN_EXPERTS", True)
+    assert_same_outputs(model, fused, tokens(40, seed=2), decode_steps=3)
 
 
 def assert_same_outputs(a, b, toks: list[int], decode_steps: int) -> None:

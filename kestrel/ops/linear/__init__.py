@@ -100,9 +100,9 @@ def kmajor_linear(owner: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor)
 class Prologue:
     """How a linear layer's input is made from the previous op's outputs, so the one-row GEMV can build it itself
     (one launch fewer): kind "act" (act(x, other) of a gated MLP), "rms" (RMSNorm(x) * weight), "gated_rms"
-    (per group of `group` channels RMSNorm(x) * weight * sigmoid(other), KDA's output norm) or "gate"
-    (x * sigmoid(other), MLA's output gate). `apply` computes the same input with the ordinary ops: every path the
-    fused GEMV does not serve."""
+    (per group of `group` channels RMSNorm(x) * weight * sigmoid(other), KDA's output norm), "gate"
+    (x * sigmoid(other), MLA's output gate) or "none" (x as it is). `apply` computes the same input with the
+    ordinary ops: every path the fused GEMV does not serve."""
 
     kind: str
     x: torch.Tensor

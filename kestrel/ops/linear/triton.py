@@ -23,7 +23,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kestrel.ops import linear as dispatch
 from kestrel.ops import pdl
-from kestrel.ops.triton_utils import act as _act
+from kestrel.ops.triton_utils import act_input as _act_input
 
 # prologue kinds (the PRO constexpr)
 NONE, ACT, RMS, GATED_RMS, GATE = 0, 1, 2, 3, 4
@@ -40,10 +40,7 @@ def _input_row(x_ptr, x2_ptr, nw_ptr, m, sx, sx2, cols, M, K: tl.constexpr, KP: 
     xf = x.to(tl.float32)
     if PRO == 1:  # act(a, b) rounded as the unfused ops round it
         b = tl.load(x2_ptr + m * sx2 + cols, mask=on, other=0.0).to(tl.float32)
-        if SITU:  # the activation kernel: fp32 throughout, one rounding
-            xf = _act(xf, b, beta, lbeta, SITU).to(dt).to(tl.float32)
-        else:  # torch's silu(a) * b: silu rounded, then the product
-            xf = ((xf * tl.sigmoid(xf)).to(dt).to(tl.float32) * b).to(dt).to(tl.float32)
+        xf = _act_input(xf, b, beta, lbeta, SITU, dt)
     elif PRO == 2:  # RMSNorm: normalised row rounded to x's dtype, then the weight, rounded again
         r = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / K + eps)
         w = tl.load(nw_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
@@ -256,7 +253,7 @@ def _pro_args(pro, x: torch.Tensor, weight: torch.Tensor):
     GEMV kernels; unused pointers are x and weight."""
     if pro is None:
         return NONE, x, weight, 0.0, 1.0, 1.0, False, 1
-    kind = {"act": ACT, "rms": RMS, "gated_rms": GATED_RMS, "gate": GATE}[pro.kind]
+    kind = {"none": NONE, "act": ACT, "rms": RMS, "gated_rms": GATED_RMS, "gate": GATE}[pro.kind]
     x2 = pro.other if pro.other is not None else x
     nw = pro.weight if pro.weight is not None else weight
     assert x2.stride(-1) == 1 and nw.is_contiguous()

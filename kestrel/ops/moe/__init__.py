@@ -25,17 +25,31 @@ def route(logits, correction_bias, top_k, renormalize, scaling, num_expert_group
 EARLY_IDS = True
 
 
-def experts(x, experts_weights, weights, ids, act, ids_ready: bool = False, late_trigger: bool = False):
+# on: a latent MoE whose shared experts run in line hands their act(gate, up) to the routed experts' up GEMV
+# (shared= below), which computes it once for the paired tail GEMV instead of every program of that GEMV
+# recomputing the whole row in its prologue (~half its instructions after its wait at k3-mini's shapes, offline
+# sm_90 SASS); bit-equal either way
+SHARED_ACT_IN_EXPERTS = False
+
+
+def experts(x, experts_weights, weights, ids, act, ids_ready: bool = False, late_trigger: bool = False,
+            shared=None):
     """sum_k weights[t, k] * expert_{ids[t, k]}(x_t) for an ExpertWeights module (dense or MXFP4).
 
     ids_ready (GPU, programmatic dependent launch): the caller guarantees that the kernels which wrote `ids` and
     `weights` have finished by the time the expert kernels can start (a late-trigger launch sits between: see
     kestrel.ops.linear.linear), so the kernels read them, and stream the chosen experts' weights, before waiting
     for x. late_trigger: the last kernel lets its dependents launch only after its own wait (see
-    kestrel.ops.linear.linear)."""
+    kestrel.ops.linear.linear). shared: (gate, up) of another gated MLP with the same activation; then returns
+    (output, its down projection's input act(gate, up) where the expert kernels computed it, else None)."""
     fn = kernel(__name__ + ".triton", "moe_experts", x)
     if fn is not None:
-        return fn(x, experts_weights, weights, ids, act, ids_ready and EARLY_IDS, late_trigger)
+        return fn(x, experts_weights, weights, ids, act, ids_ready and EARLY_IDS, late_trigger, shared=shared)
+    y = _experts_reference(x, experts_weights, weights, ids, act)
+    return (y, None) if shared is not None else y
+
+
+def _experts_reference(x, experts_weights, weights, ids, act):
     e = experts_weights
     w1, w2, w3 = e.dense("w1", x.dtype), e.dense("w2", x.dtype), e.dense("w3", x.dtype)
     # CPU, interleaved timings on k3-small's 8 experts, top-2 (us, dense / loop / grouped): 1 token 425 / 535 / 387,
@@ -65,16 +79,17 @@ def routes_in_experts(logits, routing: Routing) -> bool:
 
 
 def experts_routed(x, experts_weights, logits, routing: Routing, act, ids_ready: bool = False,
-                   late_trigger: bool = False):
+                   late_trigger: bool = False, shared=None):
     """experts(x, experts_weights, *route(logits, ...routing), act): on GPU the small-batch expert kernels choose
     the experts from the logits themselves (one launch fewer). ids_ready: as for experts, about the logits (and it
-    holds only where routes_in_experts: a routing launched here runs after the caller's late-trigger kernel)."""
+    holds only where routes_in_experts: a routing launched here runs after the caller's late-trigger kernel).
+    shared: as for experts."""
     if routes_in_experts(logits, routing):
         fn = kernel(__name__ + ".triton", "moe_experts_routed", x)
-        return fn(x, experts_weights, logits, routing, act, ids_ready and EARLY_IDS, late_trigger)
+        return fn(x, experts_weights, logits, routing, act, ids_ready and EARLY_IDS, late_trigger, shared=shared)
     weights, ids = route(logits, routing.correction_bias, routing.top_k, routing.renormalize, routing.scaling,
                          routing.num_expert_group, routing.topk_group)
-    return experts(x, experts_weights, weights, ids, act, False, late_trigger)
+    return experts(x, experts_weights, weights, ids, act, False, late_trigger, shared=shared)
 
 
 # off: the shared experts run in line, on the routed experts' stream after them (the decode ladder runs them so)

@@ -13,7 +13,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kestrel.ops import pdl_args
-from kestrel.ops.triton_utils import act as _act, pdl_prologue
+from kestrel.ops.triton_utils import act as _act, act_input as _act_input, pdl_prologue
 
 GEMV_MAX_PAIRS = 64
 # GEMV tiles: rows of the gate/up projection per program (fewer / at least 8 pairs), rows of the down projection
@@ -122,10 +122,12 @@ def _gemv_up_kernel(x_ptr, ids_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, lg_pt
                     D: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, beta, linear_beta, BI: tl.constexpr,
                     BK: tl.constexpr, QUANT: tl.constexpr, SITU: tl.constexpr, IDS_READY: tl.constexpr,
                     ROUTE: tl.constexpr, HAS_BIAS: tl.constexpr, RENORM: tl.constexpr, BE: tl.constexpr,
-                    PDL: tl.constexpr, ACT_SPREAD: tl.constexpr = False):
+                    PDL: tl.constexpr, ACT_SPREAD: tl.constexpr = False, sa_ptr=None, sb_ptr=None, so_ptr=None,
+                    SN=1, s_len=0, sa_stride=0, sb_stride=0, SIDE: tl.constexpr = False, SB: tl.constexpr = 128):
     """IDS_READY (the routing finished before this kernel could start; see moe_experts): the expert ids are read
     and the whole weight tile loaded before waiting for x (BK >= D), so the stream overlaps the kernel before.
-    ROUTE: the ids are chosen here from the router logits (see _route_row), not read."""
+    ROUTE: the ids are chosen here from the router logits (see _route_row), not read. SIDE: another gated MLP's
+    activation rides along (see _side_act)."""
     if PDL:
         gdc_launch_dependents()
         if not IDS_READY:
@@ -147,6 +149,25 @@ def _gemv_up_kernel(x_ptr, ids_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, lg_pt
             a += tl.sum(_load_w(w1_ptr, s1_ptr, e, rows, cols, I, D, QUANT) * x[None, :], 1)
             b += tl.sum(_load_w(w3_ptr, s3_ptr, e, rows, cols, I, D, QUANT) * x[None, :], 1)
     _store_act(h_ptr, p, rows, I, a, b, beta, linear_beta, SITU, ACT_SPREAD)
+    if SIDE:
+        _side_act(sa_ptr, sb_ptr, so_ptr, SN, s_len, sa_stride, sb_stride, beta, linear_beta, SITU, SB)
+
+
+@triton.jit
+def _side_act(sa_ptr, sb_ptr, so_ptr, SN, s_len, sa_stride, sb_stride, beta, linear_beta, SITU: tl.constexpr,
+              SB: tl.constexpr):
+    """The first programs of the launch (SB elements each, one a thread) also write act(a, b) of another gated
+    MLP, rounded as its down projection's prologue would round it: a, b [rows, SN] (row-strided), so [rows, SN]
+    contiguous, s_len = rows * SN. Called after the wait; the other programs skip it."""
+    q = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    if q * SB < s_len:
+        n = q * SB + tl.arange(0, SB)
+        on = n < s_len
+        r, c = n // SN, n % SN
+        a = tl.load(sa_ptr + r * sa_stride + c, mask=on, other=0.0)
+        b = tl.load(sb_ptr + r * sb_stride + c, mask=on, other=0.0).to(tl.float32)
+        y = _act_input(a.to(tl.float32), b, beta, linear_beta, SITU, a.dtype)
+        tl.store(so_ptr + n, y.to(so_ptr.dtype.element_ty), mask=on)
 
 
 @triton.jit
@@ -484,20 +505,31 @@ def routes_in_kernel(logits, routing) -> bool:
 
 
 def moe_experts_routed(x, experts_weights, logits, routing, act, ids_ready: bool = False,
-                       late_trigger: bool = False):
+                       late_trigger: bool = False, shared=None):
     """See kestrel.ops.moe.experts_routed: the small-batch expert GEMVs choose the experts from the logits
     (no routing launch); other batches route first."""
     if x.dtype == torch.float64 or not routes_in_kernel(logits, routing):
         weights, ids = route(logits, routing.correction_bias, routing.top_k, routing.renormalize, routing.scaling,
                              routing.num_expert_group, routing.topk_group)
-        return moe_experts(x, experts_weights, weights, ids, act, ids_ready, late_trigger)
-    return moe_experts(x, experts_weights, None, None, act, ids_ready, late_trigger, (logits.contiguous(), routing))
+        return moe_experts(x, experts_weights, weights, ids, act, ids_ready, late_trigger, shared=shared)
+    return moe_experts(x, experts_weights, None, None, act, ids_ready, late_trigger, (logits.contiguous(), routing),
+                       shared)
+
+
+def _side_fits(shared, x, programs: int) -> bool:
+    """Whether an up GEMV launch of `programs` programs carries the activation of shared = (a, b) (_side_act)."""
+    a, b = shared
+    return (a.dim() == b.dim() == 2 and a.shape == b.shape and a.shape[0] == x.shape[0] and a.dtype == b.dtype
+            == x.dtype and a.stride(-1) == b.stride(-1) == 1 and triton.cdiv(a.numel(), 32 * UP_WARPS) <= programs)
 
 
 def moe_experts(x, experts_weights, weights, ids, act, ids_ready: bool = False, late_trigger: bool = False,
-                routed=None):
+                routed=None, shared=None):
     """See kestrel.ops.moe.experts: x [T, D] -> [T, D_out] in x's dtype. routed: (logits, Routing) in place of
-    weights and ids (see moe_experts_routed)."""
+    weights and ids (see moe_experts_routed). shared: (a, b) of another gated MLP with the same activation; then
+    returns (output, act(a, b) rounded as its down projection's prologue rounds it, or None where the up GEMV did
+    not compute it)."""
+    done = (lambda y, act_ab=None: (y, act_ab)) if shared is not None else (lambda y, act_ab=None: y)
     ew = experts_weights
     T, D = x.shape
     TOPK = ids.shape[1] if routed is None else routed[1].top_k
@@ -506,7 +538,8 @@ def moe_experts(x, experts_weights, weights, ids, act, ids_ready: bool = False, 
     E = ew.num_experts
     if x.dtype == torch.float64:
         from kestrel.ops.moe.reference import moe_experts as ref
-        return ref(x, ew.dense("w1", x.dtype), ew.dense("w2", x.dtype), ew.dense("w3", x.dtype), weights, ids, act)
+        return done(ref(x, ew.dense("w1", x.dtype), ew.dense("w2", x.dtype), ew.dense("w3", x.dtype), weights, ids,
+                        act))
     x = x.contiguous()
     if routed is None:
         ids, weights = ids.contiguous(), weights.contiguous()
@@ -523,7 +556,7 @@ def moe_experts(x, experts_weights, weights, ids, act, ids_ready: bool = False, 
     NP = T * TOPK
     h = torch.empty(NP, I, dtype=x.dtype, device=x.device)
     if T == 0:
-        return torch.empty(0, Dout, dtype=x.dtype, device=x.device)
+        return done(torch.empty(0, Dout, dtype=x.dtype, device=x.device))
     if NP <= GEMV_MAX_PAIRS:
         BI, BN = GEMV_UP_ROWS[NP >= 8], GEMV_DOWN_ROWS
         DP, IP = triton.next_power_of_2(D), triton.next_power_of_2(I)
@@ -537,17 +570,24 @@ def moe_experts(x, experts_weights, weights, ids, act, ids_ready: bool = False, 
                                          act.beta, act.linear_beta, D, I, Dout, TOPK,
                                          NP, BI, BN, DP, IP, SITU=situ, LATE_TRIGGER=late_trigger, **route_args,
                                          num_warps=UP_WARPS, **pdl_args(x))
-            return out
+            return done(out)
+        side, act_ab = dict(sa_ptr=x, sb_ptr=x, so_ptr=x, SN=1, s_len=0, sa_stride=0, sb_stride=0, SIDE=False), None
+        if shared is not None and _side_fits(shared, x, NP * triton.cdiv(I, BI)):
+            a, b = shared
+            act_ab = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+            side = dict(sa_ptr=a, sb_ptr=b, so_ptr=act_ab, SN=a.shape[1], s_len=a.numel(), sa_stride=a.stride(0),
+                        sb_stride=b.stride(0), SIDE=True)
         _gemv_up_kernel[(NP, triton.cdiv(I, BI))](x, ids, w1, s1, w3, s3, h, *route_ptrs, D, I, TOPK, act.beta,
                                                  act.linear_beta, BI=BI, BK=DP if up_early else min(512, DP),
                                                  QUANT=q, SITU=situ, IDS_READY=up_early, **route_args,
-                                                 ACT_SPREAD=ACT_SPREAD, num_warps=UP_WARPS,
+                                                 ACT_SPREAD=ACT_SPREAD, **side, SB=32 * UP_WARPS,
+                                                 num_warps=UP_WARPS,
                                                  **pdl_args(x))
         _gemv_down_kernel[(T, triton.cdiv(Dout, BN))](h, ids, weights, w2, s2, out, *route_ptrs, Dout, I, TOPK,
                                                       BN=BN, BK=IP if down_early else min(512, IP), QUANT=q,
                                                       IDS_READY=down_early, LATE_TRIGGER=late_trigger, **route_args,
                                                       num_warps=4, **pdl_args(h))
-        return out
+        return done(out, act_ab)
     BM = 64 if NP >= 4096 else 16
     pairs, bexp = _sort_pairs(ids, E, BM)
     NB = bexp.numel()
@@ -559,7 +599,7 @@ def moe_experts(x, experts_weights, weights, ids, act, ids_ready: bool = False, 
     y = torch.empty(NP, Dout, dtype=torch.float32, device=x.device)
     _grouped_down_kernel[(NB, triton.cdiv(Dout, BN))](h, pairs, bexp, weights, w2, s2, y, Dout, I, NP, BM=BM, BN=BN,
                                                       BK=BK, QUANT=q, PREC=prec, num_warps=4, num_stages=3)
-    return y.view(T, TOPK, Dout).sum(1).to(x.dtype)
+    return done(y.view(T, TOPK, Dout).sum(1).to(x.dtype))
 
 
 @triton.jit
