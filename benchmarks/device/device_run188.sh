@@ -10,19 +10,19 @@ s() { echo "== $1 ($(date +%T))"; }
 M=kestrel.ops.moe.triton
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 s "floor and the default graph"
-timeout 140 python3 benchmarks/decode_ladder.py --skip-hf --skip-ladder --batches 1 --timeline-batches 1 \
+timeout 130 python3 benchmarks/decode_ladder.py --skip-hf --skip-ladder --batches 1 --timeline-batches 1 \
   --timeline-top 12 --out $OUT > $OUT/floor.log 2>&1
 echo "rc=$?"; grep -vE "^\s*$|UserWarning|_warn_once" $OUT/floor.log | tail -22
 s "tests: the spread activation, the expert kernels, the model"
-timeout 120 python3 -m pytest -q -p no:cacheprovider -n 4 tests/gpu/test_kernels.py tests/gpu/test_model_gpu.py \
-  -k "activation_spread or shared_experts_activation or test_moe_experts or moe or paired" > $OUT/tests.log 2>&1
+timeout 150 python3 -m pytest -q -p no:cacheprovider -n 4 tests/gpu/test_kernels.py tests/gpu/test_model_gpu.py tests/gpu/test_linear_kernels.py \
+  -k "activation_spread or shared_experts_activation or moe or pair or prologue" > $OUT/tests.log 2>&1
 echo "rc=$?"; tail -1 $OUT/tests.log; grep -E "^FAILED|^ERROR|^E  " $OUT/tests.log | head -16
 s "decode_knobs: ACT_SPREAD, SHARED_ACT_IN_EXPERTS, batches 1, 8"
-timeout 180 python3 benchmarks/decode_knobs.py --preset k3-mini --batches 1,8 --rounds 6 \
+timeout 170 python3 benchmarks/decode_knobs.py --preset k3-mini --batches 1,8 --rounds 6 \
   --knob $M.ACT_SPREAD=False,True --knob kestrel.ops.moe.SHARED_ACT_IN_EXPERTS=False,True > $OUT/knobs.log 2>&1
 echo "rc=$?"; grep -E "^\| [0-9]|Error" $OUT/knobs.log
 s "floor and graph with both on"
-timeout 140 python3 -c "
+timeout 130 python3 -c "
 import runpy, sys
 import kestrel.ops.moe as MO, kestrel.ops.moe.triton as M
 M.ACT_SPREAD = MO.SHARED_ACT_IN_EXPERTS = True
