@@ -75,7 +75,9 @@ def _gemv(pro: int, N: int = HID, K: int = HID, group: int = 128):
     from kestrel.ops.linear import triton as L
     x, y = _bf(1, K), _bf(1, N)
     BN, BK, whole = L._tile(N, K)
-    args = (x, _bf(N, K), y, y, _bf(1, K), _bf(group if pro == L.GATED_RMS else K), 1, N, N, K, K, 1e-6, 4.0, 25.0)
+    x2 = torch.zeros(1, K) if pro == L.GATED_RMS_SIG else _bf(1, K)  # (the sigmoid read in fp32)
+    nw = _bf(group if pro in (L.GATED_RMS, L.GATED_RMS_SIG) else K)
+    args = (x, _bf(N, K), y, y, x2, nw, 1, N, N, K, K, 1e-6, 4.0, 25.0)
     kw = dict(K=K, BM=1, BN=BN, BK=BK, HAS_ADD=False, PDL=False, PREFETCH=whole, PRO=pro, SITU=True, GROUP=group,
               STACKED=False, LATE_TRIGGER=True, ROW_GRID=0, num_stages=1,
               num_warps=8 if whole and BN * whole >= 16384 else 4)
@@ -93,6 +95,7 @@ def cases():
         ("paired MoE tail, input as it is", lambda: _pair(L.NONE)),
         ("GEMV 2048 x 2048, no prologue", lambda: _gemv(L.NONE)),
         ("GEMV 2048 x 2048, gated RMSNorm (KDA o_proj)", lambda: _gemv(L.GATED_RMS)),
+        ("GEMV 2048 x 2048, gated RMSNorm, the gate's sigmoid read", lambda: _gemv(L.GATED_RMS_SIG)),
         ("GEMV 2048 x 2048, output gate (MLA o_proj)", lambda: _gemv(L.GATE)),
         ("GEMV 2048 x 2048, RMSNorm", lambda: _gemv(L.RMS)),
     ]

@@ -99,8 +99,12 @@ class KDAMixer(nn.Module):
         """x: the normalised mixer input [T, D]."""
         T, H, K = x.shape[0], self.num_heads, self.head_dim
         mixed, raw_gate, b, gate = self._project(x)  # beta = sigmoid(b): inside the decode and verify kernels
+        sg = None  # sigmoid(gate) in fp32, where the decode computed it
         if fb.mode == ForwardMode.DECODE and fb.mem is not None:
-            o = self._decode(mixed, raw_gate, b, fb)
+            if kda_ops.OUT_GATE_IN_RECUR:
+                o, sg = self._decode(mixed, raw_gate, b, fb, out_gate=gate.reshape(T, H * K))
+            else:
+                o = self._decode(mixed, raw_gate, b, fb)
         elif fb.mode == ForwardMode.EXTEND and (split := fb.split_decode_rows()) is not None:
             # a mixed batch: decode rows through the decode kernel, prefill rows through the chunked path
             o = torch.empty(T, H, self.head_dim, dtype=mixed.dtype, device=mixed.device)
@@ -116,7 +120,8 @@ class KDAMixer(nn.Module):
         else:
             o = self._verify(mixed, raw_gate, b, fb)
         g, w = gate.reshape(T, H * K), self.o_norm.weight
-        pro = Prologue("gated_rms", o.reshape(T, H * K), other=g, weight=w, eps=self.eps, group=K,
+        kind, other = ("gated_rms", g) if sg is None else ("gated_rms_sig", sg)
+        pro = Prologue(kind, o.reshape(T, H * K), other=other, weight=w, eps=self.eps, group=K,
                        apply=lambda: gated_rms_norm(o, g.view(T, H, K), w, self.eps).reshape(T, H * K))
         return self.o_proj.forward_with(pro, late_trigger=True)  # the output norm inside a one-row GEMV
 
@@ -181,10 +186,10 @@ class KDAMixer(nn.Module):
         fb.replay[self.layer_id] = rec
         return o.view(B * L, *o.shape[2:])
 
-    def _decode(self, mixed, raw_gate, b, fb):
+    def _decode(self, mixed, raw_gate, b, fb, out_gate=None):
         return kda_ops.decode(mixed, self.conv_weight(), fb.mem.conv_state(self.layer_id),
                               fb.mem.ssm_state(self.layer_id), fb.state_slots, raw_gate, self.A_log, self.dt_bias,
-                              self.lower_bound, b, self.head_dim**-0.5, beta_logits=True)
+                              self.lower_bound, b, self.head_dim**-0.5, beta_logits=True, out_gate=out_gate)
 
 
 def fused_slice(first: torch.Tensor, last: torch.Tensor) -> torch.Tensor:

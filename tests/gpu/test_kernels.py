@@ -94,6 +94,41 @@ def test_kda_decode(dtype, lower_bound, logits, channels_first, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kda_decode_computes_the_output_gate(dtype):
+    """out_gate: the decode's recurrence launch also writes sigmoid(out_gate) in fp32 (one program a head, beside
+    the recurrence; the gate a row-strided view of a wider projection output). Outputs, states and conv tails stay
+    bit-equal to a decode without it, the gate matches torch's sigmoid, and the o_proj GEMV's gated-RMSNorm prologue
+    reading it ("gated_rms_sig") gives bit-for-bit what it gives computing the sigmoid itself."""
+    from kestrel.ops.kda import triton as K
+    from kestrel.ops.linear import Prologue, triton as LK
+    from kestrel.ops.norm import reference as NR
+    B, H, Kd, W, S, N = (3, 2, 16, 4, 6, 40) if SMALL else (5, 16, 128, 4, 12, 2048)
+    mixed, cw = rnd(B, 3 * H * Kd, dtype=dtype), rnd(3 * H * Kd, W, dtype=dtype, scale=0.5)
+    conv, ssm = rnd(S, W - 1, 3 * H * Kd, dtype=dtype), rnd(S, H, Kd, Kd)
+    slots = torch.randperm(S - 1, device=DEV)[:B] + 1
+    raw, A, dtb, b = rnd(B, H, Kd, dtype=dtype), rnd(H), rnd(H * Kd), rnd(B, H, dtype=dtype)
+    og = rnd(B, H * Kd + 24, dtype=dtype)[:, 8 : 8 + H * Kd]
+    c1, s1, c2, s2 = conv.clone(), ssm.clone(), conv.clone(), ssm.clone()
+    o1 = K.kda_decode(mixed, cw, c1, s1, slots, raw, A, dtb, -5.0, b, Kd**-0.5, True)
+    o2, sg = K.kda_decode(mixed, cw, c2, s2, slots, raw, A, dtb, -5.0, b, Kd**-0.5, True, out_gate=og)
+    assert torch.equal(o2, o1) and torch.equal(s2, s1) and torch.equal(c2, c1)
+    assert sg is not None and sg.dtype == torch.float32 and sg.shape == (B, H * Kd)
+    assert rel(sg, torch.sigmoid(og.double())) < 1e-6
+    o2d, w, wo = o2.reshape(B, H * Kd), rnd(Kd, dtype=dtype), rnd(N, H * Kd, dtype=dtype, scale=(H * Kd) ** -0.5)
+    apply = lambda: NR.gated_rms_norm(o2, og.reshape(B, H, Kd), w, 1e-6).reshape(B, H * Kd)  # noqa: E731
+    for m in (1, B):  # one row (the decode GEMV), and several
+        x = o2d[:m]
+        ref = LK.linear(x, wo, None, Prologue("gated_rms", x, other=og[:m], weight=w, eps=1e-6, group=Kd,
+                                              apply=apply))
+        got = LK.linear(x, wo, None, Prologue("gated_rms_sig", x, other=sg[:m], weight=w, eps=1e-6, group=Kd,
+                                              apply=apply))
+        assert torch.equal(got, ref), m
+    # a gate that is not [B, H * V] with unit column stride: not computed
+    assert K.kda_decode(mixed, cw, conv.clone(), ssm.clone(), slots, raw, A, dtb, -5.0, b, Kd**-0.5, True,
+                        out_gate=og.t().contiguous().t())[1] is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
 @pytest.mark.parametrize("logits", [False, True])
 @pytest.mark.parametrize("prefetch,tail_in_recur,channels_first", [(False, True, False), (True, True, False),

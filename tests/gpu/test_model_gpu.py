@@ -262,42 +262,69 @@ def test_paired_moe_tail_bit_equals_two_gemvs(monkeypatch):
     assert _bit_equal(results[True], results[False])
 
 
+def _knob_bit_equal(monkeypatch, mem, model, module, knob: str, steps: int = 4) -> None:
+    """Decode steps from the same caches with module.knob off (eager), on (eager) and on (graphed, with
+    programmatic dependent launch): bit-identical logits and states."""
+    import kestrel.ops as ops
+
+    def variant(on, graphed):
+        def setup():
+            monkeypatch.setattr(module, knob, on)
+            monkeypatch.setattr(ops, "PDL", graphed)
+            return _graphed(model, mem) if graphed else model
+        return setup
+
+    keys = ((False, False), (True, False), (True, True))
+    results = _replayed_steps(mem, [(key, variant(*key)) for key in keys], steps)
+    assert _bit_equal(results[(True, False)], results[(False, False)])
+    assert _bit_equal(results[(True, True)], results[(False, False)])
+
+
+def _returns_counted(monkeypatch, module, name: str, extra: str, seen: list) -> None:
+    """Replace module.name by a wrapper that records, for each call given keyword `extra`, whether the second of
+    the pair it returns is not None (what the fast path computed beside its own work)."""
+    fn = getattr(module, name)
+
+    def counted(*a, **k):
+        out = fn(*a, **k)
+        if k.get(extra) is not None:
+            seen.append(out[1] is not None)
+        return out
+
+    monkeypatch.setattr(module, name, counted)
+
+
 @torch.no_grad()
 def test_shared_experts_activation_in_the_routed_up_gemv(monkeypatch):
     """SHARED_ACT_IN_EXPERTS: the routed experts' up GEMV computes the shared experts' activation for the paired
-    tail: decode steps from the same caches (eager, and graphed with programmatic dependent launch) give
-    bit-identical logits and states with it off and on, and the up GEMV really computed it (every MoE layer, every
-    eager step)."""
-    import kestrel.ops as ops
+    tail: decode steps bit-identical with it off and on (eager, and graphed with PDL), and the up GEMV really
+    computed it (every MoE layer, every eager step)."""
     from kestrel.ops import moe as moe_ops
     from kestrel.ops.moe import triton as MK
 
     monkeypatch.setattr(moe_ops, "SHARED_STREAM", False)  # the pair serves the MoE whose shared experts run in line
     cfg, model, mem = _setup(torch.bfloat16, fuse=True)
     carried = []
-    up = MK.moe_experts
-
-    def counted(*a, **k):
-        out = up(*a, **k)
-        if k.get("shared") is not None:
-            carried.append(out[1] is not None)
-        return out
-
-    monkeypatch.setattr(MK, "moe_experts", counted)
-
-    def variant(on, graphed):
-        def setup():
-            monkeypatch.setattr(moe_ops, "SHARED_ACT_IN_EXPERTS", on)
-            monkeypatch.setattr(ops, "PDL", graphed)
-            return _graphed(model, mem) if graphed else model
-        return setup
-
-    results = _replayed_steps(mem, [(key, variant(*key)) for key in ((False, False), (True, False), (True, True))],
-                              4)
+    _returns_counted(monkeypatch, MK, "moe_experts", "shared", carried)
+    _knob_bit_equal(monkeypatch, mem, model, moe_ops, "SHARED_ACT_IN_EXPERTS")
     moe_layers = sum(1 for layer in model.model.layers if hasattr(layer, "block_sparse_moe"))
     assert moe_layers and carried[: 4 * moe_layers] == [True] * (4 * moe_layers)
-    assert _bit_equal(results[(True, False)], results[(False, False)])
-    assert _bit_equal(results[(True, True)], results[(False, False)])
+
+
+@torch.no_grad()
+def test_output_gate_in_the_kda_recurrence_launch(monkeypatch):
+    """OUT_GATE_IN_RECUR: each KDA layer's decode recurrence launch computes sigmoid of the output norm's gate for
+    the o_proj prologue: decode steps bit-identical with it off and on (eager, and graphed with PDL), and the
+    launch really computed it (every KDA layer, every eager step)."""
+    from kestrel.ops import kda as kda_ops
+    from kestrel.ops.kda import triton as KK
+
+    cfg, model, mem = _setup(torch.bfloat16, fuse=True)
+    carried = []
+    _returns_counted(monkeypatch, KK, "kda_decode", "out_gate", carried)
+    _knob_bit_equal(monkeypatch, mem, model, kda_ops, "OUT_GATE_IN_RECUR")
+    kda_layers = sum(1 for layer in model.model.layers if layer.is_kda)
+    assert kda_layers and carried[: 4 * kda_layers] == [True] * (4 * kda_layers)
 
 
 @torch.no_grad()

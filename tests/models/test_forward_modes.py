@@ -182,7 +182,7 @@ def test_fused_projections_equal_the_separate_layers(preset, monkeypatch):
     """fuse_projections (one GEMM per group of projections sharing an input; KDA's two bottleneck up-projections
     over adjacent columns stacked, on the Kimi-Linear layout whose output gate is low-rank) leaves the model's
     outputs those of the separate layers, and every parameter keeps its value; so does handing the shared experts'
-    activation to the routed experts (which on CPU hand it back undone)."""
+    activation to the routed experts, and KDA's output gate to the decode (which on CPU hand them back undone)."""
     import copy
 
     from kestrel.models.k3 import K3ForCausalLM
@@ -208,9 +208,10 @@ def test_fused_projections_equal_the_separate_layers(preset, monkeypatch):
         assert torch.equal(a, b), name
     # and decode steps through the pools (the fused forward at one row)
     assert_same_outputs(model, fused, tokens(40, seed=2), decode_steps=10)
-    from kestrel.ops import moe as moe_ops
+    from kestrel.ops import kda as kda_ops, moe as moe_ops
 
     monkeypatch.setattr(moe_ops, "SHARED_ACT_IN_EXPERTS", True)
+    monkeypatch.setattr(kda_ops, "OUT_GATE_IN_RECUR", True)
     assert_same_outputs(model, fused, tokens(40, seed=2), decode_steps=3)
 
 

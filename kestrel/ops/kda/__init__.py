@@ -16,17 +16,30 @@ def chunked(q, k, v, g, beta, **kw):
     return fn(q, k, v, g, beta, **kw)
 
 
+# on: a decode's recurrence launch also computes sigmoid of the output norm's gate (out_gate below, one program a
+# head beside the recurrence), which the o_proj GEMV's gated-RMSNorm prologue then reads as it is, rather than
+# every one of its programs computing all H * V sigmoids (k3-mini, offline sm_90 SASS: the prologue is ~370 of the
+# 655 instructions that GEMV issues after its wait, against 286 with none); bit-equal either way
+OUT_GATE_IN_RECUR = False
+
+
 def decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale,
-           beta_logits: bool = False):
+           beta_logits: bool = False, out_gate=None):
     """One decode token per sequence: conv tail update, SiLU, L2 norm, gates, recurrence; in place on the slots.
 
     mixed [B, 3HK] (q, k, v projections); conv_weight [3HK, W]; conv_state [S, W - 1, 3HK]; ssm [S, H, K, V];
     slots [B]; raw_gate [B, H, K] (gate bottleneck output); beta [B, H], or with beta_logits its logits b
     (beta = sigmoid(b) in the state dtype, computed inside the kernel on GPU). Returns o [B, H, V] in v's dtype.
+    out_gate: the output norm's gate projection [B, H * V]; then returns (o, sigmoid(out_gate) in fp32 where the
+    recurrence launch computed it beside the recurrence (GPU), else None).
     """
-    fn = kernel(__name__ + ".triton", "kda_decode", mixed) or reference.kda_decode
-    return fn(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale,
-              beta_logits)
+    fn = kernel(__name__ + ".triton", "kda_decode", mixed)
+    if fn is not None:
+        return fn(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale,
+                  beta_logits, out_gate=out_gate)
+    o = reference.kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta,
+                             scale, beta_logits)
+    return (o, None) if out_gate is not None else o
 
 
 def verify(x, raw_gate, beta, lens, conv_weight, conv_state, ssm, slots, A_log, dt_bias, lower_bound, scale,

@@ -86,14 +86,16 @@ def _kda_recur_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slot
                       ALL_STEPS: tl.constexpr, HAS_OUT: tl.constexpr, WRITE_STATE: tl.constexpr,
                       HAS_SNAP: tl.constexpr, EARLY: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr,
                       W: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr, PDL: tl.constexpr,
-                      PAIRED: tl.constexpr = False):
+                      PAIRED: tl.constexpr = False, og_ptr=None, sg_ptr=None, stride_og=0,
+                      GATES: tl.constexpr = False):
     """The recurrence of block b, head h, columns [vb * BV, (vb + 1) * BV) over its first n[b] stored steps (all L
     with ALL_STEPS), from its state slot. HAS_OUT writes o per step (zeros for the steps past n[b]); WRITE_STATE
     writes the state back; HAS_SNAP also stores the state after snap_n[b] steps into slot snap_slot[b]. EARLY (see
     EARLY_STATE): the state is read before the wait. PREFETCH (see RECUR_PREFETCH): the steps unrolled, each step's
     inputs loaded before the step before it runs (steps past n[b] are loaded too: a block's record holds real
     inputs there). TAIL (the fold): programs vb >= NVB do the fold's conv tails instead (_fold_tail: channel block
-    h * TAILS + vb - NVB), beside the recurrence in the same launch (they touch none of its data)."""
+    h * TAILS + vb - NVB), beside the recurrence in the same launch (they touch none of its data). GATES (decode):
+    program vb = NVB of block b, head h writes the output norm's gate sigmoid(og[b, h]) (_out_gate) instead."""
     if PDL:
         gdc_launch_dependents()
         if not EARLY:
@@ -112,10 +114,29 @@ def _kda_recur_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slot
             _recur_body(b, h, vb, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slots_ptr, n_ptr, snap_n_ptr,
                         snap_slot_ptr, H, stride_ssm, L, K, V, BV, ALL_STEPS, HAS_OUT, WRITE_STATE, HAS_SNAP, EARLY,
                         PREFETCH, PDL, PAIRED)
+    elif GATES:
+        if vb >= NVB:
+            if PDL:
+                if EARLY:
+                    gdc_wait()
+            _out_gate(b, h, og_ptr, sg_ptr, stride_og, H, V)
+        else:
+            _recur_body(b, h, vb, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slots_ptr, n_ptr,
+                        snap_n_ptr, snap_slot_ptr, H, stride_ssm, L, K, V, BV, ALL_STEPS, HAS_OUT, WRITE_STATE,
+                        HAS_SNAP, EARLY, PREFETCH, PDL, PAIRED)
     else:
         _recur_body(b, h, vb, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, ssm_ptr, slots_ptr, n_ptr, snap_n_ptr,
                     snap_slot_ptr, H, stride_ssm, L, K, V, BV, ALL_STEPS, HAS_OUT, WRITE_STATE, HAS_SNAP, EARLY,
                     PREFETCH, PDL, PAIRED)
+
+
+@triton.jit
+def _out_gate(b, h, og_ptr, sg_ptr, stride_og, H, V: tl.constexpr):
+    """sigmoid(og[b, h * V : (h + 1) * V]) in fp32 into sg [B, H * V], one channel a thread: the output norm's gate,
+    computed once for the o_proj prologue (kind "gated_rms_sig") rather than by each of its programs."""
+    c = tl.arange(0, V)
+    g = tl.load(og_ptr + b * stride_og + h * V + c).to(tl.float32)
+    tl.store(sg_ptr + (b * H + h) * V + c, tl.sigmoid(g))
 
 
 @triton.jit
@@ -316,8 +337,9 @@ FOLD_TAIL_IN_RECUR = True
 FOLD_TAIL_BC = 256  # channels per tail program
 
 
-def _launch_recur(q, k, v, g, beta, o, ssm, slots, n, snaps, write_state: bool, tail=None):
-    """tail: (the fold's record x, conv_state) to fold the conv tails in the same launch."""
+def _launch_recur(q, k, v, g, beta, o, ssm, slots, n, snaps, write_state: bool, tail=None, gates=None):
+    """tail: (the fold's record x, conv_state) to fold the conv tails in the same launch; gates: (og [B, H * V],
+    sg [B, H * V] fp32) to write sigmoid(og) into sg in the same launch (_out_gate)."""
     B, L, H, K = k.shape
     V = v.shape[-1]
     BV = min(RECUR_BV, V)
@@ -329,31 +351,40 @@ def _launch_recur(q, k, v, g, beta, o, ssm, slots, n, snaps, write_state: bool, 
     if tail is not None:
         tails = triton.cdiv(triton.cdiv(x.shape[2], FOLD_TAIL_BC), H)  # tail programs per head
         W = conv.shape[1] + 1
+    assert tail is None or gates is None
+    og, sg = gates if gates is not None else (k, k)
     if B and L:
-        _kda_recur_kernel[(B, H, NVB + tails)](
+        _kda_recur_kernel[(B, H, NVB + tails + (gates is not None))](
             q if q is not None else k, k, v, g, beta, o if o is not None else v, ssm, slots,
             n if n is not None else slots, snap_n, snap_slot, H, ssm.stride(0), x, conv,
             x.stride(0), x.stride(1), conv.stride(0), NVB, tails, L=L, K=K, V=V, BV=BV,
             ALL_STEPS=n is None, HAS_OUT=o is not None, WRITE_STATE=write_state, HAS_SNAP=snaps is not None,
             EARLY=EARLY_STATE, PREFETCH=RECUR_PREFETCH and K <= RECUR_PREFETCH_MAX_K, TAIL=tail is not None,
-            W=W, BW=triton.next_power_of_2(W), BC=FOLD_TAIL_BC, PAIRED=RECUR_PAIRED_SUMS, num_warps=RECUR_WARPS,
-            **pdl_args(k))
+            W=W, BW=triton.next_power_of_2(W), BC=FOLD_TAIL_BC, PAIRED=RECUR_PAIRED_SUMS, og_ptr=og, sg_ptr=sg,
+            stride_og=og.stride(0), GATES=gates is not None, num_warps=RECUR_WARPS, **pdl_args(k))
 
 
 def kda_decode(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale,
-               beta_logits: bool = False):
+               beta_logits: bool = False, out_gate=None):
     """See kestrel.ops.kda.decode. fp64 inputs go to the reference."""
     if mixed.dtype == torch.float64:
         from kestrel.ops.kda.reference import kda_decode as ref
-        return ref(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale,
-                   beta_logits)
+        o = ref(mixed, conv_weight, conv_state, ssm, slots, raw_gate, A_log, dt_bias, lower_bound, beta, scale,
+                beta_logits)
+        return (o, None) if out_gate is not None else o
     B = mixed.shape[0]
     H, K, V = _checked(mixed, conv_state, ssm)
     x = (mixed if mixed.stride(-1) == 1 else mixed.contiguous()).unsqueeze(1)  # rows may be strided
     q, k, v, g, b = launch_prep(x, conv_weight, conv_state, slots, raw_gate, A_log, dt_bias, lower_bound, scale,
                                 H, K, V, write_tail=True, beta_logits=_logits(beta, beta_logits), early=EARLY_STATE)
     o = torch.empty(B, 1, H, V, dtype=mixed.dtype, device=mixed.device)
-    _launch_recur(q, k, v, g, b if b is not None else beta.contiguous(), o, ssm, slots, None, None, write_state=True)
+    gates = None
+    if out_gate is not None and out_gate.dim() == 2 and out_gate.shape == (B, H * V) and out_gate.stride(-1) == 1:
+        gates = (out_gate, torch.empty(B, H * V, dtype=torch.float32, device=mixed.device))
+    _launch_recur(q, k, v, g, b if b is not None else beta.contiguous(), o, ssm, slots, None, None, write_state=True,
+                  gates=gates)
+    if out_gate is not None:
+        return o.view(B, H, V), gates[1] if gates is not None else None
     return o.view(B, H, V)
 
 

@@ -100,9 +100,10 @@ def kmajor_linear(owner: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor)
 class Prologue:
     """How a linear layer's input is made from the previous op's outputs, so the one-row GEMV can build it itself
     (one launch fewer): kind "act" (act(x, other) of a gated MLP), "rms" (RMSNorm(x) * weight), "gated_rms"
-    (per group of `group` channels RMSNorm(x) * weight * sigmoid(other), KDA's output norm), "gate"
-    (x * sigmoid(other), MLA's output gate) or "none" (x as it is). `apply` computes the same input with the
-    ordinary ops: every path the fused GEMV does not serve."""
+    (per group of `group` channels RMSNorm(x) * weight * sigmoid(other), KDA's output norm), "gated_rms_sig" (the
+    same with `other` holding sigmoid(gate) already, in fp32), "gate" (x * sigmoid(other), MLA's output gate) or
+    "none" (x as it is). `apply` computes the same input with the ordinary ops: every path the fused GEMV does not
+    serve."""
 
     kind: str
     x: torch.Tensor
@@ -147,7 +148,7 @@ def linear_pair(pro_a: Prologue, weight_a: torch.Tensor, pro_b: Prologue, weight
     the second's epilogue sums a residual. One launch where the one-row GEMV serves both (bit-equal to the two)."""
     if (FUSE_PROLOGUES and FUSE_PAIRS and _gemv_input(pro_a, weight_a) and _gemv_input(pro_b, weight_b)
             and pro_a.x.shape[0] == pro_b.x.shape[0] and weight_a.shape[0] == weight_b.shape[0]
-            and weight_a.dtype == weight_b.dtype and "gated_rms" not in (pro_a.kind, pro_b.kind)):
+            and weight_a.dtype == weight_b.dtype and not {"gated_rms", "gated_rms_sig"} & {pro_a.kind, pro_b.kind}):
         fits = kernel(__name__ + ".triton", "fits_pair", pro_a.x)
         if fits is not None and fits(weight_a.shape[0], weight_a.shape[1], weight_b.shape[1]):
             pair = kernel(__name__ + ".triton", "linear_pair", pro_a.x)

@@ -26,7 +26,9 @@ from kestrel.ops import pdl
 from kestrel.ops.triton_utils import act_input as _act_input
 
 # prologue kinds (the PRO constexpr)
-NONE, ACT, RMS, GATED_RMS, GATE = 0, 1, 2, 3, 4
+NONE, ACT, RMS, GATED_RMS, GATE, GATED_RMS_SIG = 0, 1, 2, 3, 4, 5
+KINDS = {"none": NONE, "act": ACT, "rms": RMS, "gated_rms": GATED_RMS, "gate": GATE,
+         "gated_rms_sig": GATED_RMS_SIG}
 
 
 @triton.jit
@@ -45,13 +47,15 @@ def _input_row(x_ptr, x2_ptr, nw_ptr, m, sx, sx2, cols, M, K: tl.constexpr, KP: 
         r = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / K + eps)
         w = tl.load(nw_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
         xf = ((xf * r).to(dt).to(tl.float32) * w).to(dt).to(tl.float32)
-    elif PRO == 3:  # per group (head) of GROUP channels: RMSNorm * w * sigmoid(gate), fp32, rounded once
+    elif PRO == 3 or PRO == 5:  # per group (head) of GROUP channels: RMSNorm * w * sigmoid(gate), fp32, one rounding
         g = tl.load(x2_ptr + m * sx2 + cols, mask=on, other=0.0).to(tl.float32)
+        if PRO == 3:
+            g = tl.sigmoid(g)  # (5: the second input holds sigmoid(gate) in fp32 already)
         sq = tl.reshape(xf * xf, [KP // GROUP, GROUP])
         r = 1.0 / tl.sqrt(tl.sum(sq, 1) / GROUP + eps)
         xr = tl.reshape(tl.reshape(xf, [KP // GROUP, GROUP]) * r[:, None], [KP])
         w = tl.load(nw_ptr + cols % GROUP).to(tl.float32)
-        xf = (xr * w * tl.sigmoid(g)).to(dt).to(tl.float32)
+        xf = (xr * w * g).to(dt).to(tl.float32)
     elif PRO == 4:  # x * sigmoid(gate), each op rounded to the activation dtype as torch's two ops round
         g = tl.load(x2_ptr + m * sx2 + cols, mask=on, other=0.0).to(tl.float32)
         xf = (xf * tl.sigmoid(g).to(dt).to(tl.float32)).to(dt).to(tl.float32)
@@ -253,12 +257,12 @@ def _pro_args(pro, x: torch.Tensor, weight: torch.Tensor):
     GEMV kernels; unused pointers are x and weight."""
     if pro is None:
         return NONE, x, weight, 0.0, 1.0, 1.0, False, 1
-    kind = {"none": NONE, "act": ACT, "rms": RMS, "gated_rms": GATED_RMS, "gate": GATE}[pro.kind]
+    kind = KINDS[pro.kind]
     x2 = pro.other if pro.other is not None else x
     nw = pro.weight if pro.weight is not None else weight
     assert x2.stride(-1) == 1 and nw.is_contiguous()
     K = weight.shape[1]
-    assert pro.kind != "gated_rms" or (K % pro.group == 0 and pro.group & (pro.group - 1) == 0)
+    assert kind not in (GATED_RMS, GATED_RMS_SIG) or (K % pro.group == 0 and pro.group & (pro.group - 1) == 0)
     beta, lbeta, situ = 1.0, 1.0, False
     if pro.act is not None:
         beta, lbeta, situ = float(pro.act.beta), float(pro.act.linear_beta), pro.act.kind == "situ"
@@ -286,7 +290,7 @@ def linear_pair(xa: torch.Tensor, wa: torch.Tensor, pro_a, xb: torch.Tensor, wb:
     assert fits_pair(N, KA, KB) and wa.dtype == wb.dtype == xa.dtype == xb.dtype
     ka, xa2, nwa, eps_a, beta_a, lbeta_a, situ_a, _ = _pro_args(pro_a, xa, wa)
     kb, xb2, nwb, eps_b, beta_b, lbeta_b, situ_b, _ = _pro_args(pro_b, xb, wb)
-    assert GATED_RMS not in (ka, kb), "a grouped prologue is not paired"
+    assert not {GATED_RMS, GATED_RMS_SIG} & {ka, kb}, "a grouped prologue is not paired"
     assert ka != ACT or kb != ACT or (beta_a, lbeta_a, situ_a) == (beta_b, lbeta_b, situ_b)
     beta, lbeta, situ = (beta_a, lbeta_a, situ_a) if ka == ACT else (beta_b, lbeta_b, situ_b)
     y = torch.empty(M, N, dtype=xa.dtype, device=xa.device)
