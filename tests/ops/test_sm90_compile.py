@@ -42,7 +42,7 @@ def test_the_compile_check_catches_what_the_interpreter_runs():
 
 
 # one or a few cases of every kernel family (the interpreter is slow: the whole of tests/gpu takes ~27 minutes on two
-# cores, most of it in the GEMV tests' large weights; `make kernel-check` runs it all): ~80 s on one core
+# cores, most of it in the GEMV tests' large weights; `make kernel-check` runs it all): ~115 s on one core
 SUBSET = [
     "tests/gpu/test_kernels.py::test_norms",
     "tests/gpu/test_kernels.py::test_attn_res_settle[partial+delta-6-dtype1]",
@@ -59,6 +59,9 @@ SUBSET = [
     "tests/gpu/test_kernels.py::test_route",
     "tests/gpu/test_kernels.py::test_moe_experts_up_and_down_in_one_launch[False]",
     "tests/gpu/test_kernels.py::test_moe_experts[situ-True-dtype0]",
+    "tests/gpu/test_kernels.py::test_moe_up_activation_spread_over_threads[situ]",
+    "tests/gpu/test_kernels.py::test_moe_up_gemv_computes_the_shared_experts_activation[situ]",
+    "tests/gpu/test_kernels.py::test_kda_decode_computes_the_output_gate[dtype1]",
     "tests/gpu/test_kernels.py::test_argmax_kernel_is_torch_argmax",
     "tests/gpu/test_linear_kernels.py::test_linear_prologue[situ-3-dtype1]",
     "tests/gpu/test_linear_kernels.py::test_linear_prologue[gated_rms-3-dtype1]",
