@@ -86,7 +86,9 @@ def test_kernel_tests_compile_for_sm90():
                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     summary = r.stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"\d+ passed in .*", summary) and int(summary.split()[0]) >= len(SUBSET), r.stdout[-2000:]
+    # (the interpreter's numpy may warn, e.g. an exp overflowing on a random input: "N passed, 1 warning in ...")
+    assert re.fullmatch(r"\d+ passed(, \d+ warnings?)? in .*", summary) and int(summary.split()[0]) >= len(SUBSET), \
+        r.stdout[-2000:]
     compiled = re.search(r"sm_90 compiles: (\d+) specialisations of (\d+) kernels", r.stdout)
     assert compiled and int(compiled.group(2)) >= 25, r.stdout[-2000:]  # the hook ran: 37 kernels in the subset
 
