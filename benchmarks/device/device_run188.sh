@@ -15,7 +15,8 @@ timeout 120 python3 benchmarks/decode_ladder.py --skip-hf --skip-ladder --batche
   --timeline-top 12 --out $OUT > $OUT/floor.log 2>&1
 echo "rc=$?"; grep -vE "^\s*$|UserWarning|_warn_once" $OUT/floor.log | tail -22
 s "tests: the spread activation, the expert kernels, the model"
-timeout 130 python3 -m pytest -q -p no:cacheprovider -n 4 tests/gpu/test_kernels.py tests/gpu/test_model_gpu.py tests/gpu/test_linear_kernels.py \
+timeout 130 python3 -m pytest -q -p no:cacheprovider -n 4 tests/gpu/test_kernels.py tests/gpu/test_moe_kernels.py tests/gpu/test_model_gpu.py \
+  tests/gpu/test_linear_kernels.py \
   -k "activation_spread or shared_experts_activation or moe or pair or prologue or output_gate" \
   > $OUT/tests.log 2>&1
 echo "rc=$?"; tail -1 $OUT/tests.log; grep -E "^FAILED|^ERROR|^E  " $OUT/tests.log | head -16
